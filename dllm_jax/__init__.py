@@ -1,0 +1,1 @@
+"""dllm_jax: diffusion and autoregressive LMs in JAX."""

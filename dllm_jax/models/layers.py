@@ -1,0 +1,143 @@
+"""Building blocks: RMSNorm, RoPE, LoRA-capable dense, grouped-query attention, SwiGLU.
+
+Shape legend: B batch, T query tokens, S key slots (cache + chunk), D d_model, H query heads,
+K kv heads, G = H // K query heads per kv head, Dh head dim, F mlp width, r LoRA rank.
+
+Parameter names and logical axes (docs/design.md) mirror the HF layouts one to one so that
+checkpoint conversion is a transpose, never a reshuffle:
+  attn/{q,k,v,o}/kernel  [D, H*Dh] / [D, K*Dh] / [D, K*Dh] / [H*Dh, D]
+  mlp/{gate,up,down}/kernel  [D, F] / [D, F] / [F, D]
+  */lora_a [in, r], */lora_b [r, out]  (PEFT's lora_A.T and lora_B.T)
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from dllm_jax.models import masks
+from dllm_jax.models.config import ModelConfig
+
+Array = jnp.ndarray
+_KERNEL_INIT = nn.initializers.normal(stddev=0.02)
+_LORA_A_INIT = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
+
+
+class RMSNorm(nn.Module):
+  """x / rms(x) * scale, computed in float32."""
+  eps: float
+  dtype: jnp.dtype
+  param_dtype: jnp.dtype
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+                       (x.shape[-1],), self.param_dtype)
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (x32 * scale.astype(jnp.float32)).astype(self.dtype)
+
+
+def rope(x: Array, positions: Array, theta: float) -> Array:
+  """Rotary embedding, half-split convention of LLaMA/Qwen2/LLaDA.
+
+  x: [B, T, N, Dh]; positions: [B, T] int. Computed in float32.
+  """
+  dh = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+  x32 = x.astype(jnp.float32)
+  x1, x2 = jnp.split(x32, 2, axis=-1)
+  rotated = jnp.concatenate([-x2, x1], axis=-1)
+  return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+
+
+class Dense(nn.Module):
+  """y = x @ kernel (+ bias) (+ (alpha / r) * dropout(x) @ lora_a @ lora_b)."""
+  features: int
+  axes: tuple[str, str]
+  dtype: jnp.dtype
+  param_dtype: jnp.dtype
+  use_bias: bool = False
+  lora_rank: int = 0
+  lora_scale: float = 0.0
+  lora_dropout: float = 0.0
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool = True) -> Array:
+    d_in = x.shape[-1]
+    kernel = self.param("kernel", nn.with_logical_partitioning(_KERNEL_INIT, self.axes),
+                        (d_in, self.features), self.param_dtype)
+    y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+    if self.use_bias:
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                             (self.axes[1],)),
+                        (self.features,), self.param_dtype)
+      y = y + bias.astype(self.dtype)
+    if self.lora_rank:
+      lora_a = self.param("lora_a", nn.with_logical_partitioning(_LORA_A_INIT,
+                                                                 (self.axes[0], "lora")),
+                          (d_in, self.lora_rank), self.param_dtype)
+      lora_b = self.param("lora_b", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                 ("lora", self.axes[1])),
+                          (self.lora_rank, self.features), self.param_dtype)
+      h = nn.Dropout(self.lora_dropout)(x, deterministic=deterministic)
+      h = jnp.dot(jnp.dot(h.astype(self.dtype), lora_a.astype(self.dtype)),
+                  lora_b.astype(self.dtype))
+      y = y + self.lora_scale * h
+    return y
+
+
+class Attention(nn.Module):
+  """Grouped-query attention over `cache slots ++ chunk`, visibility chosen by block ids."""
+  cfg: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x: Array, positions: Array, query_ids: Array, key_ids: Array,
+               cache_k: Array | None, cache_v: Array | None):
+    """x: [B, T, D]; positions/query_ids: [B, T]; key_ids: [B, S] for cache ++ chunk.
+
+    Returns (out [B, T, D], (k, v) [B, T, K, Dh] of the chunk after RoPE).
+    """
+    cfg = self.cfg
+    h, kh, dh = cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
+    b, t, _ = x.shape
+    dense = lambda n, axes, bias, name: Dense(
+        n, axes, cfg.jnp_dtype, cfg.jnp_param_dtype, use_bias=bias, lora_rank=cfg.lora_rank,
+        lora_scale=cfg.lora_scale, lora_dropout=cfg.lora_dropout, name=name)
+    q = dense(h * dh, ("embed", "heads"), cfg.qkv_bias, "q")(x, self.deterministic)
+    k = dense(kh * dh, ("embed", "kv_heads"), cfg.qkv_bias, "k")(x, self.deterministic)
+    v = dense(kh * dh, ("embed", "kv_heads"), cfg.qkv_bias, "v")(x, self.deterministic)
+    q = rope(q.reshape(b, t, h, dh), positions, cfg.rope_theta)
+    k = rope(k.reshape(b, t, kh, dh), positions, cfg.rope_theta)
+    v = v.reshape(b, t, kh, dh)
+    new_kv = (k, v)
+    if cache_k is not None:
+      k = jnp.concatenate([cache_k.astype(k.dtype), k], axis=1)
+      v = jnp.concatenate([cache_v.astype(v.dtype), v], axis=1)
+    q = q.reshape(b, t, kh, h // kh, dh)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k,
+                        preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(dh))
+    visible = masks.visibility(query_ids, key_ids)[:, None, None]  # [B, 1, 1, T, S]
+    scores = jnp.where(visible, scores, masks.MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h * dh)
+    out = dense(cfg.d_model, ("heads", "embed"), False, "o")(out, self.deterministic)
+    return out, new_kv
+
+
+class MLP(nn.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    cfg = self.cfg
+    dense = lambda n, axes, name: Dense(n, axes, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
+    gate = dense(cfg.mlp_dim, ("embed", "mlp"), "gate")(x)
+    up = dense(cfg.mlp_dim, ("embed", "mlp"), "up")(x)
+    hidden = nn.silu(gate.astype(jnp.float32)).astype(cfg.jnp_dtype) * up
+    return dense(cfg.d_model, ("mlp", "embed"), "down")(hidden)

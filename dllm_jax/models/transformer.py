@@ -1,0 +1,191 @@
+"""The decoder-only transformer: embed -> blocks (scanned, optionally remat) -> norm -> head.
+
+One network serves AR, masked-diffusion and block-causal (D2F) models; the attention
+pattern is data (`block_ids`, see masks.py). Every decoder talks to the model through
+`Transformer.__call__` (or the functional `forward` wrapper), so a new decoder never needs
+a new model.
+
+Shape legend: B batch, T tokens in this call, S cache slots, V vocab, L layers.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_jax.models import kv_cache as kvc
+from dllm_jax.models import masks
+from dllm_jax.models.config import ModelConfig
+from dllm_jax.models.layers import MLP, Attention, Dense, RMSNorm
+
+Array = jnp.ndarray
+
+_REMAT = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+class Block(nn.Module):
+  """Pre-norm block. Scanned over layers: carry = residual stream, xs = this layer's cache."""
+  cfg: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x, layer_kv, positions, query_ids, key_ids):
+    cfg = self.cfg
+    norm = lambda name: RMSNorm(cfg.norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
+    cache_k, cache_v = layer_kv if layer_kv is not None else (None, None)
+    attn_out, new_kv = Attention(cfg, self.deterministic, name="attn")(
+        norm("attn_norm")(x), positions, query_ids, key_ids, cache_k, cache_v)
+    x = x + attn_out
+    x = x + MLP(cfg, name="mlp")(norm("mlp_norm")(x))
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    return x, (new_kv if layer_kv is not None else None)
+
+
+class Transformer(nn.Module):
+  """Decoder-only transformer of the LLaMA / Qwen2 / LLaDA / Dream family."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens: Array, *, block_ids: Array, positions: Array | None = None,
+               valid: Array | None = None, cache: kvc.KVCache | None = None,
+               write_len: Array | int | None = None, deterministic: bool = True,
+               return_hidden: bool = False):
+    """Runs T tokens, attending to `cache` (if any) plus themselves.
+
+    Args:
+      tokens: [B, T] integer ids.
+      block_ids: [B, T] (or [T]) int ids; a query sees a key iff key_id <= query_id.
+      positions: [B, T] RoPE positions; default `cache.length + arange(T)` (or arange(T)).
+      valid: [B, T] bool, False on padding (padding is never attended to).
+      cache: a KVCache to read; when given, the call also returns the updated cache.
+      write_len: [B] or int, how many of the T tokens (from the left) each row writes into
+        the cache; default all T.
+      deterministic: disables LoRA dropout when True.
+      return_hidden: also return the final hidden states [B, T, D].
+
+    Returns:
+      logits [B, T, V] float32, then the new cache if `cache` was given, then hidden states
+      if `return_hidden`.
+    """
+    cfg = self.cfg
+    batch, t = _check_inputs(cfg, tokens, cache)
+    if positions is None:
+      start = cache.length[:, None] if cache is not None else 0
+      positions = start + jnp.arange(t, dtype=jnp.int32)[None, :]
+    positions = jnp.broadcast_to(positions, (batch, t)).astype(jnp.int32)
+    query_ids = jnp.broadcast_to(block_ids, (batch, t)).astype(jnp.int32)
+    chunk_key_ids = masks.key_ids(query_ids, None if valid is None else
+                                  jnp.broadcast_to(valid, (batch, t)))
+    key_ids = chunk_key_ids if cache is None else jnp.concatenate(
+        [cache.block_ids, chunk_key_ids], axis=1)
+
+    embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.jnp_dtype,
+                     param_dtype=cfg.jnp_param_dtype,
+                     embedding_init=nn.with_logical_partitioning(
+                         nn.initializers.normal(stddev=0.02), ("vocab", "embed")),
+                     name="embed")
+    x = embed(tokens)
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+    block_cls = Block
+    if cfg.remat_policy != "none":
+      block_cls = nn.remat(Block, policy=_REMAT[cfg.remat_policy], prevent_cse=False)
+    layers = nn.scan(
+        block_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.n_layers,
+        unroll=1 if cfg.scan_layers else cfg.n_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"})(cfg, deterministic, name="layers")
+    layer_kv = (cache.k, cache.v) if cache is not None else None
+    x, new_kv = layers(x, layer_kv, positions, query_ids, key_ids)
+
+    hidden = RMSNorm(cfg.norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name="final_norm")(x)
+    if cfg.tie_embeddings:
+      logits = embed.attend(hidden.astype(cfg.jnp_dtype))
+    else:
+      logits = Dense(cfg.vocab_size, ("embed", "vocab"), cfg.jnp_dtype, cfg.jnp_param_dtype,
+                     name="lm_head")(hidden)
+    logits = logits.astype(jnp.float32)
+    if cfg.shift_logits:  # Dream: the prediction for position i lives at output i - 1.
+      logits = jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
+    logits = nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+
+    outputs = (logits,)
+    if cache is not None:
+      if write_len is None:
+        write_len = t
+      write_len = jnp.broadcast_to(jnp.asarray(write_len, jnp.int32), (batch,))
+      outputs += (kvc.write(cache, new_kv[0], new_kv[1], chunk_key_ids, write_len),)
+    if return_hidden:
+      outputs += (hidden,)
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _check_inputs(cfg: ModelConfig, tokens, cache):
+  """Static checks with errors that say what to change."""
+  if tokens.ndim != 2:
+    raise ValueError(f"tokens must have shape [batch, length], got {tokens.shape}.")
+  if not jnp.issubdtype(tokens.dtype, jnp.integer):
+    raise ValueError(
+        f"tokens must be integer ids, got dtype {tokens.dtype}; cast with .astype(jnp.int32).")
+  batch, t = tokens.shape
+  if t > cfg.max_seq_len:
+    raise ValueError(
+        f"sequence length {t} exceeds the model window max_seq_len={cfg.max_seq_len}; "
+        "shorten the prompt/generation or build the model with a larger max_seq_len.")
+  if cache is not None:
+    if cache.batch_size != batch:
+      raise ValueError(f"cache holds {cache.batch_size} rows but tokens have {batch}.")
+    if t > cache.capacity:
+      raise ValueError(
+          f"a chunk of {t} tokens cannot fit a cache of {cache.capacity} slots; "
+          "allocate a larger cache with init_cache(..., capacity=...).")
+    if cache.k.dtype != cfg.jnp_dtype:
+      raise ValueError(
+          f"cache dtype {cache.k.dtype} differs from the model compute dtype {cfg.dtype}; "
+          "create it with init_cache(cfg, ...).")
+    if not isinstance(cache.length, jax.core.Tracer):
+      longest = int(np.max(np.asarray(cache.length))) + t
+      if longest > cache.capacity:
+        raise ValueError(
+            f"cache overflow: {longest} slots needed but the cache holds {cache.capacity}; "
+            "allocate a larger cache with init_cache(..., capacity=...).")
+  return batch, t
+
+
+def forward(params, cfg: ModelConfig, tokens: Array, *, attention: str = "causal",
+            positions: Array | None = None, valid: Array | None = None,
+            prompt_len: int | None = None, block_size: int | None = None, **kwargs):
+  """Functional convenience: full-canvas forward with a named attention kind.
+
+  `attention` is "causal", "bidirectional" or "block_causal" (needs prompt_len, block_size).
+  Left-padded rows: pass `valid`; positions default to left-pad positions then.
+  """
+  masks.check_kind(attention)
+  if positions is None:
+    positions = (masks.left_pad_positions(valid) if valid is not None else
+                 jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape))
+  ids = masks.ids_for(attention, positions, prompt_len=prompt_len, block_size=block_size)
+  return Transformer(cfg).apply({"params": params}, tokens, block_ids=ids,
+                                positions=positions, valid=valid, **kwargs)
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array, seq_len: int = 8):
+  """Initialises a params tree (boxed logical-axis metadata removed)."""
+  tokens = jnp.zeros((1, seq_len), jnp.int32)
+  variables = Transformer(cfg).init(rng, tokens, block_ids=jnp.zeros((1, seq_len), jnp.int32))
+  return nn.unbox(variables["params"])
+
+
+def abstract_params(cfg: ModelConfig):
+  """Shapes and logical axes of the params tree, with no memory allocated."""
+  tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+  return jax.eval_shape(
+      lambda t: Transformer(cfg).init(jax.random.key(0), t,
+                                      block_ids=jnp.zeros((1, 8), jnp.int32))["params"],
+      tokens)
