@@ -1,0 +1,127 @@
+"""Device mesh and logical-axis sharding rules.
+
+Parameters carry logical axis names (`embed`, `heads`, `kv_heads`, `mlp`, `vocab`, `layers`,
+`norm`, `lora`); activations and decode state use `batch`, `length`, `cache_len`, `head_dim`.
+A config maps them onto mesh axes (`data`, `fsdp`, `tensor`). The same code then runs on one
+CPU, 8 fake CPU devices, a GPU or a TPU slice: only the mesh shape changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Logical axis -> mesh axis (or None: replicated). Batch is split over data *and* fsdp
+# (FSDP shards parameters along `embed` and gathers them per layer).
+DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("cache_len", None),
+    ("head_dim", None),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("layers", None),
+    ("norm", None),
+    ("lora", None),
+)
+
+
+def make_mesh(shape: dict[str, int] | Sequence[int] | None = None,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """Builds a (data, fsdp, tensor) mesh.
+
+  `shape` is a dict such as {"data": 2, "fsdp": 2, "tensor": 2}; axes left out are 1, and
+  one axis may be -1 to take the remaining devices. Default: all devices on `data`.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  if shape is None:
+    shape = {"data": -1}
+  if not isinstance(shape, dict):
+    shape = dict(zip(MESH_AXES, shape))
+  unknown = sorted(set(shape) - set(MESH_AXES))
+  if unknown:
+    raise ValueError(f"Unknown mesh axes {unknown}; valid axes are {MESH_AXES}.")
+  sizes = [int(shape.get(a, 1)) for a in MESH_AXES]
+  if sizes.count(-1) > 1:
+    raise ValueError("At most one mesh axis may be -1.")
+  if -1 in sizes:
+    rest = int(np.prod([s for s in sizes if s != -1]))
+    if len(devices) % rest:
+      raise ValueError(f"{len(devices)} devices cannot be split by fixed axes of size {rest}.")
+    sizes[sizes.index(-1)] = len(devices) // rest
+  if int(np.prod(sizes)) != len(devices):
+    raise ValueError(
+        f"mesh {dict(zip(MESH_AXES, sizes))} needs {int(np.prod(sizes))} devices but "
+        f"{len(devices)} are available; change the mesh shape in the config.")
+  return jax.make_mesh(tuple(sizes), MESH_AXES, devices=devices,
+                       axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+
+
+def rules_from_config(rules) -> tuple:
+  """Accepts a list of [logical, mesh] pairs (from ml_collections) or None (defaults)."""
+  if rules is None:
+    return DEFAULT_RULES
+  out = []
+  for pair in rules:
+    logical, physical = pair
+    if isinstance(physical, list):
+      physical = tuple(physical)
+    if physical is not None:
+      for axis in (physical if isinstance(physical, tuple) else (physical,)):
+        if axis not in MESH_AXES:
+          raise ValueError(f"rule {pair!r} names unknown mesh axis {axis!r}; use {MESH_AXES}.")
+    out.append((logical, physical))
+  return tuple(out)
+
+
+def logical_to_sharding(logical_tree, mesh: Mesh, rules=DEFAULT_RULES):
+  """Tree of logical axis tuples (or nn.Partitioned leaves) -> tree of NamedSharding.
+
+  Axes whose mesh size does not divide the dimension are replicated rather than failing.
+  """
+  return nn.logical_to_mesh_sharding(logical_tree, mesh, rules)
+
+
+def param_shardings(abstract_boxed_params, mesh: Mesh, rules=DEFAULT_RULES):
+  """Shardings for a params tree from `jax.eval_shape(init)` (boxed with logical names).
+
+  Dimensions that a mesh axis does not divide stay replicated on that axis.
+  """
+  specs = nn.get_partition_spec(abstract_boxed_params)
+  shapes = nn.unbox(abstract_boxed_params)
+
+  def to_sharding(spec, shape):
+    mesh_spec = nn.logical_to_mesh_axes(tuple(spec), rules)
+    fixed = []
+    for dim, axes in zip(shape.shape, tuple(mesh_spec) + (None,) * (len(shape.shape) - len(mesh_spec))):
+      names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+      size = int(np.prod([mesh.shape[a] for a in names])) if names else 1
+      fixed.append(axes if size > 1 and dim % size == 0 else None)
+    return NamedSharding(mesh, P(*fixed))
+
+  return jax.tree.map(to_sharding, specs, shapes, is_leaf=lambda x: isinstance(x, P))
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2, rules=DEFAULT_RULES) -> NamedSharding:
+  """Sharding of a [B, ...] array: batch over the rule's axes, the rest replicated."""
+  batch_axes = nn.logical_to_mesh_axes(("batch",), rules)[0]
+  return NamedSharding(mesh, P(batch_axes, *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def data_parallel_size(mesh: Mesh, rules=DEFAULT_RULES) -> int:
+  axes = nn.logical_to_mesh_axes(("batch",), rules)[0]
+  names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+  return int(np.prod([mesh.shape[a] for a in names])) if names else 1
