@@ -1,0 +1,144 @@
+"""What every decoder shares: left-padded prompt batches, input checks, and the output record.
+
+Shape legend: B batch, P padded prompt length, G generation length (response slots).
+
+Prompts are **left padded**: a row's real tokens end at column P - 1, so every row's response
+starts at canvas column P and RoPE positions come from `masks.left_pad_positions(valid)`.
+That makes a batched decode give each row exactly its one-prompt result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.struct
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_jax.models.config import ModelConfig
+
+Array = jnp.ndarray
+
+
+@flax.struct.dataclass
+class DecodeOutput:
+  """Result of one batched decode.
+
+  Attributes:
+    tokens: [B, G] response tokens; everything after a row's first EOS is `pad`.
+    lengths: [B] response tokens before the first EOS (the EOS itself not counted); this is
+      what tokens/s counts.
+    nfe: [] model forward passes the loop ran (one batched call counts once).
+    steps: [] loop iterations.
+    committed: [B] tokens each row committed (decided) during the loop.
+    done: [B] the row finished (EOS reached or all G slots decided).
+  """
+  tokens: Array
+  lengths: Array
+  nfe: Array
+  steps: Array
+  committed: Array
+  done: Array
+
+  @property
+  def tokens_per_step(self) -> Array:
+    """Mean response tokens committed per forward pass, over the batch."""
+    return jnp.mean(self.committed) / jnp.maximum(self.nfe, 1)
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int, length: int | None = None):
+  """Left-pads token lists into ([B, P] int32 tokens, [B, P] bool valid)."""
+  if not prompts:
+    raise ValueError("Empty prompt batch: pass at least one prompt.")
+  longest = max(len(p) for p in prompts)
+  if longest == 0:
+    raise ValueError("Every prompt is empty; a prompt needs at least one token.")
+  length = longest if length is None else length
+  if longest > length:
+    raise ValueError(f"A prompt has {longest} tokens but the padded length is {length}.")
+  tokens = np.full((len(prompts), length), pad_id, np.int32)
+  valid = np.zeros((len(prompts), length), bool)
+  for i, p in enumerate(prompts):
+    if len(p):
+      tokens[i, length - len(p):] = p
+      valid[i, length - len(p):] = True
+  return jnp.asarray(tokens), jnp.asarray(valid)
+
+
+def check_prompts(cfg: ModelConfig, tokens, valid, gen_length: int, *,
+                  needs_mask: bool = True) -> None:
+  """Checks a prompt batch before anything is compiled; raises ValueError naming the fix."""
+  tokens = np.asarray(tokens)
+  if tokens.ndim != 2:
+    raise ValueError(f"prompt tokens must be [batch, length], got shape {tokens.shape}.")
+  if not np.issubdtype(tokens.dtype, np.integer):
+    raise ValueError(f"prompt tokens must be integer ids, got {tokens.dtype}.")
+  if valid is not None:
+    valid = np.asarray(valid)
+    if valid.shape != tokens.shape:
+      raise ValueError(f"valid mask shape {valid.shape} differs from tokens {tokens.shape}.")
+    if np.any(valid[:, :-1] & ~valid[:, 1:]):
+      raise ValueError("prompts must be LEFT padded (valid must be False...True per row); "
+                       "use dllm_jax.decoding.pad_prompts.")
+    if not np.all(valid[:, -1]):
+      raise ValueError("a prompt row is empty; every prompt needs at least one token.")
+  if gen_length <= 0:
+    raise ValueError(f"gen_length must be positive, got {gen_length}.")
+  total = tokens.shape[1] + gen_length
+  if total > cfg.max_seq_len:
+    raise ValueError(
+        f"prompt ({tokens.shape[1]}) + gen_length ({gen_length}) = {total} exceeds the model "
+        f"window max_seq_len={cfg.max_seq_len}; shorten the prompt or gen_length.")
+  if np.any((tokens < 0) | (tokens >= cfg.vocab_size)):
+    raise ValueError(f"prompt holds token ids outside the vocabulary [0, {cfg.vocab_size}).")
+  if needs_mask:
+    if cfg.mask_token_id is None:
+      raise ValueError(
+          f"model config {cfg.name!r} has no mask_token_id; diffusion decoding needs one "
+          "(set ModelConfig.mask_token_id or load it from the checkpoint).")
+    real = tokens if valid is None else np.where(valid, tokens, -1)
+    if np.any(real == cfg.mask_token_id):
+      raise ValueError(
+          f"a prompt contains the mask id {cfg.mask_token_id}; remove [MASK] tokens from "
+          "prompts (they would be decoded as blanks).")
+
+
+def stop_ids(cfg: ModelConfig, *, include_eot: bool = True) -> tuple[int, ...]:
+  """Ids that end a response: EOS and, for chat models, end-of-turn."""
+  ids = [cfg.eos_token_id]
+  if include_eot:
+    ids.append(cfg.eot_token_id)
+  return tuple(sorted({i for i in ids if i is not None}))
+
+
+def finalize(response: Array, decided: Array, stops: tuple[int, ...], pad_id: int):
+  """Cuts each row at its first stop token.
+
+  Args:
+    response: [B, G] canvas response slots (undecided slots may hold the mask id).
+    decided: [B, G] bool, slot holds a final token.
+    stops: stop token ids.
+  Returns ([B, G] tokens padded after the first stop, [B] lengths before it,
+           [B] bool whether a stop was decided).
+  """
+  g = response.shape[1]
+  is_stop = jnp.zeros(response.shape, bool)
+  for s in stops:
+    is_stop = is_stop | (response == s)
+  is_stop = is_stop & decided
+  first = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), g)
+  keep = jnp.arange(g)[None, :] < first[:, None]
+  return jnp.where(keep, response, pad_id), first.astype(jnp.int32), jnp.any(is_stop, axis=1)
+
+
+def first_stop_decided(response: Array, decided: Array, stops: tuple[int, ...]) -> Array:
+  """[B] bool: the row's response holds a decided stop token and every slot before the first
+  decided stop is decided too (so the text up to EOS can no longer change)."""
+  g = response.shape[1]
+  is_stop = jnp.zeros(response.shape, bool)
+  for s in stops:
+    is_stop = is_stop | (response == s)
+  is_stop = is_stop & decided
+  first = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), g)
+  before = jnp.arange(g)[None, :] < first[:, None]
+  return jnp.any(is_stop, axis=1) & jnp.all(decided | ~before, axis=1)
