@@ -55,7 +55,7 @@ class Transformer(nn.Module):
   def __call__(self, tokens: Array, *, block_ids: Array, positions: Array | None = None,
                valid: Array | None = None, cache: kvc.KVCache | None = None,
                write_len: Array | int | None = None, deterministic: bool = True,
-               return_hidden: bool = False):
+               return_hidden: bool = False, input_embeddings: Array | None = None):
     """Runs T tokens, attending to `cache` (if any) plus themselves.
 
     Args:
@@ -68,6 +68,8 @@ class Transformer(nn.Module):
         the cache; default all T.
       deterministic: disables LoRA dropout when True.
       return_hidden: also return the final hidden states [B, T, D].
+      input_embeddings: [B, T, D] used instead of looking `tokens` up (soft prompts,
+        gradient analysis); `tokens` still sets the shapes.
 
     Returns:
       logits [B, T, V] float32, then the new cache if `cache` was given, then hidden states
@@ -90,7 +92,7 @@ class Transformer(nn.Module):
                      embedding_init=nn.with_logical_partitioning(
                          nn.initializers.normal(stddev=0.02), ("vocab", "embed")),
                      name="embed")
-    x = embed(tokens)
+    x = embed(tokens) if input_embeddings is None else input_embeddings.astype(cfg.jnp_dtype)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
     block_cls = Block

@@ -1,0 +1,242 @@
+"""Model semantics: attention patterns by gradient, cache equivalence, padding, bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dllm_jax.models import Transformer, forward, get_preset, init_cache, init_params
+from dllm_jax.models import kv_cache, masks
+
+CFG = get_preset("tiny")
+T = 12
+
+
+@pytest.fixture(scope="module")
+def params():
+  return init_params(CFG, jax.random.key(0))
+
+
+@pytest.fixture(scope="module")
+def tokens():
+  return jax.random.randint(jax.random.key(1), (2, T), 4, CFG.vocab_size)
+
+
+def _apply(params, tokens, ids, **kw):
+  return Transformer(CFG).apply({"params": params}, tokens, block_ids=ids, **kw)
+
+
+def _jacobian(params, tokens, ids):
+  """[T, T]: |d logits[0, t] / d input_embedding[0, s]| summed over features and vocab."""
+  embeds = params["embed"]["embedding"][tokens]
+
+  def f(x_row0):
+    x = embeds.at[0].set(x_row0)
+    logits = Transformer(CFG).apply({"params": params}, tokens, block_ids=ids,
+                                    input_embeddings=x)
+    return logits[0].sum(-1)
+
+  jac = jax.jacrev(f)(embeds[0])  # [T, T, D]
+  return np.abs(np.asarray(jac)).sum(-1)
+
+
+def test_causal_mask_by_gradient(params, tokens):
+  pos = jnp.broadcast_to(jnp.arange(T), (2, T))
+  dep = _jacobian(params, tokens, masks.causal_ids(pos))
+  upper = np.triu(np.ones((T, T), bool), k=1)
+  assert np.all(dep[upper] == 0.0)
+  assert np.all(dep[~upper] > 0.0)
+
+
+def test_block_causal_mask_by_gradient(params, tokens):
+  prompt, k = 4, 3
+  ids = masks.block_causal_ids(T, prompt, k)
+  dep = _jacobian(params, tokens, ids)
+  ids = np.asarray(ids)
+  visible = ids[None, :] <= ids[:, None]
+  assert np.all(dep[~visible] == 0.0), "a token sees a later block"
+  assert np.all(dep[visible] > 0.0), "a token misses its own or an earlier block"
+  # Inside a block, an earlier token does depend on a later one (bidirectional within).
+  assert dep[prompt, prompt + 2] > 0.0
+  # The prompt sees only the prompt.
+  assert np.all(dep[:prompt, prompt:] == 0.0)
+
+
+def test_bidirectional_sees_everything(params, tokens):
+  dep = _jacobian(params, tokens, jnp.zeros((T,), jnp.int32))
+  assert np.all(dep > 0.0)
+
+
+def test_forward_kinds_agree_with_ids(params, tokens):
+  a = forward(params, CFG, tokens, attention="block_causal", prompt_len=4, block_size=3)
+  b = _apply(params, tokens, masks.block_causal_ids(T, 4, 3))
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(ValueError, match="attention kind"):
+    forward(params, CFG, tokens, attention="sliding")
+
+
+def test_prefill_then_decode_equals_full_causal(params, tokens):
+  full = forward(params, CFG, tokens, attention="causal")
+  cache = init_cache(CFG, 2, 16)
+  prompt = 5
+  pos = jnp.broadcast_to(jnp.arange(prompt), (2, prompt))
+  logits, cache = _apply(params, tokens[:, :prompt], masks.causal_ids(pos), cache=cache)
+  outs = [logits]
+  for t in range(prompt, T):
+    pos = jnp.full((2, 1), t, jnp.int32)
+    logits, cache = _apply(params, tokens[:, t:t + 1], pos, positions=pos, cache=cache)
+    outs.append(logits)
+  np.testing.assert_allclose(np.concatenate(outs, 1), full, atol=1e-5, rtol=0)
+  np.testing.assert_array_equal(cache.length, [T, T])
+
+
+def test_block_causal_chunks_with_cache_equal_full_forward(params, tokens):
+  prompt, k = 4, 4
+  full = forward(params, CFG, tokens, attention="block_causal", prompt_len=prompt, block_size=k)
+  ids = masks.block_causal_ids(T, prompt, k)
+  cache = init_cache(CFG, 2, T)
+  outs = []
+  for start, stop in [(0, prompt), (prompt, prompt + k), (prompt + k, T)]:
+    logits, cache = _apply(params, tokens[:, start:stop], ids[start:stop], cache=cache)
+    outs.append(logits)
+  np.testing.assert_allclose(np.concatenate(outs, 1), full, atol=1e-5, rtol=0)
+
+
+def test_chunk_writes_only_first_n(params, tokens):
+  """A chunk of two blocks writes only block 1; rerunning block 2 then matches."""
+  prompt, k = 4, 4
+  full = forward(params, CFG, tokens, attention="block_causal", prompt_len=prompt, block_size=k)
+  ids = masks.block_causal_ids(T, prompt, k)
+  cache = init_cache(CFG, 2, T)
+  _, cache = _apply(params, tokens[:, :prompt], ids[:prompt], cache=cache)
+  both, cache = _apply(params, tokens[:, prompt:], ids[prompt:], cache=cache,
+                       write_len=jnp.array([k, k]))
+  np.testing.assert_allclose(both, full[:, prompt:], atol=1e-5, rtol=0)
+  np.testing.assert_array_equal(cache.length, [prompt + k] * 2)
+  assert np.all(np.asarray(cache.block_ids)[:, prompt + k:] == masks.NO_KEY)
+  last, _ = _apply(params, tokens[:, prompt + k:], ids[prompt + k:], cache=cache, write_len=0)
+  np.testing.assert_allclose(last, full[:, prompt + k:], atol=1e-5, rtol=0)
+
+
+def test_rows_advance_independently(params, tokens):
+  """Per-row write lengths: row 0 caches more than row 1; each row matches its own run."""
+  cache = init_cache(CFG, 2, T)
+  ids = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))  # causal: prefixes agree
+  _, cache = _apply(params, tokens[:, :6], ids, cache=cache, write_len=jnp.array([6, 3]))
+  np.testing.assert_array_equal(cache.length, [6, 3])
+  for row, n in [(0, 6), (1, 3)]:
+    single = init_cache(CFG, 1, T)
+    _, single = _apply(params, tokens[row:row + 1, :n], ids[:1, :n], cache=single)
+    np.testing.assert_allclose(cache.k[:, row, :n], single.k[:, 0, :n], atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["causal", "bidirectional", "block_causal"])
+def test_left_padded_rows_equal_single_prompts(params, kind):
+  rng = np.random.default_rng(0)
+  lens, width = [7, 4, 9], 9
+  rows = [rng.integers(4, CFG.vocab_size, n) for n in lens]
+  toks = np.zeros((3, width), np.int32)
+  valid = np.zeros((3, width), bool)
+  for i, r in enumerate(rows):
+    toks[i, width - len(r):] = r
+    valid[i, width - len(r):] = True
+  opts = dict(prompt_len=width - 3, block_size=2) if kind == "block_causal" else {}
+  batched = forward(params, CFG, jnp.asarray(toks), attention=kind, valid=jnp.asarray(valid),
+                    **opts)
+  for i, r in enumerate(rows):
+    n = len(r)
+    single_opts = dict(prompt_len=n - 3, block_size=2) if kind == "block_causal" else {}
+    single = forward(params, CFG, jnp.asarray(r[None], jnp.int32), attention=kind,
+                     **single_opts)
+    np.testing.assert_allclose(batched[i, width - n:], single[0], atol=1e-5, rtol=0)
+
+
+def test_bfloat16_compute_is_close(params, tokens):
+  cfg16 = CFG.replace(dtype="bfloat16")
+  ref = forward(params, CFG, tokens, attention="causal")
+  out = forward(params, cfg16, tokens, attention="causal")
+  assert out.dtype == jnp.float32
+  assert float(jnp.max(jnp.abs(out - ref))) < 0.05
+
+
+def test_lora_zero_init_keeps_base_logits(params, tokens):
+  cfg = CFG.replace(lora_rank=4, lora_alpha=8.0)
+  lp = init_params(cfg, jax.random.key(0))
+  assert lp["layers"]["attn"]["q"]["lora_a"].shape == (CFG.n_layers, CFG.d_model, 4)
+  base = {k: v for k, v in lp.items()}
+  ref = forward(jax.tree.map(lambda x: x, _strip_lora(lp)), CFG, tokens)
+  np.testing.assert_allclose(forward(lp, cfg, tokens), ref, atol=1e-6)
+  del base
+
+
+def _strip_lora(tree):
+  if isinstance(tree, dict):
+    return {k: _strip_lora(v) for k, v in tree.items() if not k.startswith("lora_")}
+  return tree
+
+
+def test_scan_and_unrolled_and_remat_agree(params, tokens):
+  ref = forward(params, CFG, tokens)
+  for cfg in (CFG.replace(scan_layers=False), CFG.replace(remat_policy="full")):
+    np.testing.assert_allclose(forward(params, cfg, tokens), ref, atol=1e-6)
+  grad = jax.grad(lambda p: forward(p, CFG.replace(remat_policy="dots"), tokens).sum())(params)
+  grad_ref = jax.grad(lambda p: forward(p, CFG, tokens).sum())(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grad, grad_ref)
+
+
+def test_presets_build_abstractly():
+  from dllm_jax.models import abstract_params, PRESETS
+  import flax.linen as nn
+  for name, cfg in PRESETS.items():
+    tree = nn.unbox(abstract_params(cfg))
+    count = sum(x.size for x in jax.tree.leaves(tree))
+    assert count == cfg.num_params(), name
+  assert abs(PRESETS["llada_8b"].num_params() / 1e9 - 8.0) < 0.1
+
+
+class TestBadInput:
+
+  def test_sequence_longer_than_window(self, params):
+    toks = jnp.zeros((1, CFG.max_seq_len + 1), jnp.int32)
+    with pytest.raises(ValueError, match="max_seq_len"):
+      forward(params, CFG, toks)
+
+  def test_cache_overflow(self, params, tokens):
+    cache = init_cache(CFG, 2, 8)
+    _, cache = _apply(params, tokens[:, :6], jnp.zeros((6,), jnp.int32), cache=cache)
+    with pytest.raises(ValueError, match="cache overflow"):
+      _apply(params, tokens[:, :4], jnp.zeros((4,), jnp.int32), cache=cache)
+    with pytest.raises(ValueError, match="capacity"):
+      init_cache(CFG, 2, CFG.max_seq_len + 1)
+
+  def test_wrong_dtypes(self, params, tokens):
+    with pytest.raises(ValueError, match="integer ids"):
+      forward(params, CFG, tokens.astype(jnp.float32))
+    with pytest.raises(ValueError, match="dtype"):
+      CFG.replace(dtype="float8")
+    cache = init_cache(CFG, 2, 16, dtype=jnp.bfloat16)
+    with pytest.raises(ValueError, match="cache dtype"):
+      _apply(params, tokens, jnp.zeros((T,), jnp.int32), cache=cache)
+
+  def test_config_errors(self):
+    with pytest.raises(ValueError, match="Unknown ModelConfig field"):
+      CFG.replace(d_modle=3)
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+      CFG.replace(n_kv_heads=3)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+      CFG.replace(mask_token_id=CFG.vocab_size)
+    with pytest.raises(ValueError, match="Unknown model preset"):
+      get_preset("llada8b")
+
+
+def test_cache_truncate_hides_slots(params, tokens):
+  pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (2, T))
+  cache = init_cache(CFG, 2, T)
+  _, cache = _apply(params, tokens, pos, cache=cache)
+  short = kv_cache.truncate(cache, jnp.array([5, 5]))
+  fresh = init_cache(CFG, 2, T)
+  _, fresh = _apply(params, tokens[:, :5], pos[:, :5], cache=fresh)
+  q, qpos = tokens[:, 5:7], pos[:, 5:7]
+  a = _apply(params, q, qpos, positions=qpos, cache=short, write_len=0)[0]
+  b = _apply(params, q, qpos, positions=qpos, cache=fresh, write_len=0)[0]
+  np.testing.assert_allclose(a, b, atol=1e-6)
