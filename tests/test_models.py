@@ -22,8 +22,17 @@ def tokens():
   return jax.random.randint(jax.random.key(1), (2, T), 4, CFG.vocab_size)
 
 
-def _apply(params, tokens, ids, **kw):
+@jax.jit
+def _apply_jit(params, tokens, ids, kw):
   return Transformer(CFG).apply({"params": params}, tokens, block_ids=ids, **kw)
+
+
+def _apply(params, tokens, ids, **kw):
+  """Jitted apply (one compile instead of hundreds of eager ops)."""
+  return _apply_jit(params, tokens, ids, kw)
+
+
+_forward = jax.jit(forward, static_argnames=("cfg", "attention", "prompt_len", "block_size"))
 
 
 def _jacobian(params, tokens, ids):
@@ -36,7 +45,7 @@ def _jacobian(params, tokens, ids):
                                     input_embeddings=x)
     return logits[0].sum(-1)
 
-  jac = jax.jacrev(f)(embeds[0])  # [T, T, D]
+  jac = jax.jit(jax.jacrev(f))(embeds[0])  # [T, T, D]
   return np.abs(np.asarray(jac)).sum(-1)
 
 
@@ -68,7 +77,7 @@ def test_bidirectional_sees_everything(params, tokens):
 
 
 def test_forward_kinds_agree_with_ids(params, tokens):
-  a = forward(params, CFG, tokens, attention="block_causal", prompt_len=4, block_size=3)
+  a = _forward(params, CFG, tokens, attention="block_causal", prompt_len=4, block_size=3)
   b = _apply(params, tokens, masks.block_causal_ids(T, 4, 3))
   np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   with pytest.raises(ValueError, match="attention kind"):
@@ -76,7 +85,7 @@ def test_forward_kinds_agree_with_ids(params, tokens):
 
 
 def test_prefill_then_decode_equals_full_causal(params, tokens):
-  full = forward(params, CFG, tokens, attention="causal")
+  full = _forward(params, CFG, tokens, attention="causal")
   cache = init_cache(CFG, 2, 16)
   prompt = 5
   pos = jnp.broadcast_to(jnp.arange(prompt), (2, prompt))
@@ -92,7 +101,7 @@ def test_prefill_then_decode_equals_full_causal(params, tokens):
 
 def test_block_causal_chunks_with_cache_equal_full_forward(params, tokens):
   prompt, k = 4, 4
-  full = forward(params, CFG, tokens, attention="block_causal", prompt_len=prompt, block_size=k)
+  full = _forward(params, CFG, tokens, attention="block_causal", prompt_len=prompt, block_size=k)
   ids = masks.block_causal_ids(T, prompt, k)
   cache = init_cache(CFG, 2, T)
   outs = []
@@ -105,7 +114,7 @@ def test_block_causal_chunks_with_cache_equal_full_forward(params, tokens):
 def test_chunk_writes_only_first_n(params, tokens):
   """A chunk of two blocks writes only block 1; rerunning block 2 then matches."""
   prompt, k = 4, 4
-  full = forward(params, CFG, tokens, attention="block_causal", prompt_len=prompt, block_size=k)
+  full = _forward(params, CFG, tokens, attention="block_causal", prompt_len=prompt, block_size=k)
   ids = masks.block_causal_ids(T, prompt, k)
   cache = init_cache(CFG, 2, T)
   _, cache = _apply(params, tokens[:, :prompt], ids[:prompt], cache=cache)
@@ -141,20 +150,20 @@ def test_left_padded_rows_equal_single_prompts(params, kind):
     toks[i, width - len(r):] = r
     valid[i, width - len(r):] = True
   opts = dict(prompt_len=width - 3, block_size=2) if kind == "block_causal" else {}
-  batched = forward(params, CFG, jnp.asarray(toks), attention=kind, valid=jnp.asarray(valid),
+  batched = _forward(params, CFG, jnp.asarray(toks), attention=kind, valid=jnp.asarray(valid),
                     **opts)
   for i, r in enumerate(rows):
     n = len(r)
     single_opts = dict(prompt_len=n - 3, block_size=2) if kind == "block_causal" else {}
-    single = forward(params, CFG, jnp.asarray(r[None], jnp.int32), attention=kind,
+    single = _forward(params, CFG, jnp.asarray(r[None], jnp.int32), attention=kind,
                      **single_opts)
     np.testing.assert_allclose(batched[i, width - n:], single[0], atol=1e-5, rtol=0)
 
 
 def test_bfloat16_compute_is_close(params, tokens):
   cfg16 = CFG.replace(dtype="bfloat16")
-  ref = forward(params, CFG, tokens, attention="causal")
-  out = forward(params, cfg16, tokens, attention="causal")
+  ref = _forward(params, CFG, tokens, attention="causal")
+  out = _forward(params, cfg16, tokens, attention="causal")
   assert out.dtype == jnp.float32
   assert float(jnp.max(jnp.abs(out - ref))) < 0.05
 
@@ -164,8 +173,8 @@ def test_lora_zero_init_keeps_base_logits(params, tokens):
   lp = init_params(cfg, jax.random.key(0))
   assert lp["layers"]["attn"]["q"]["lora_a"].shape == (CFG.n_layers, CFG.d_model, 4)
   base = {k: v for k, v in lp.items()}
-  ref = forward(jax.tree.map(lambda x: x, _strip_lora(lp)), CFG, tokens)
-  np.testing.assert_allclose(forward(lp, cfg, tokens), ref, atol=1e-6)
+  ref = _forward(jax.tree.map(lambda x: x, _strip_lora(lp)), CFG, tokens)
+  np.testing.assert_allclose(_forward(lp, cfg, tokens), ref, atol=1e-6)
   del base
 
 
@@ -176,11 +185,11 @@ def _strip_lora(tree):
 
 
 def test_scan_and_unrolled_and_remat_agree(params, tokens):
-  ref = forward(params, CFG, tokens)
+  ref = _forward(params, CFG, tokens)
   for cfg in (CFG.replace(scan_layers=False), CFG.replace(remat_policy="full")):
-    np.testing.assert_allclose(forward(params, cfg, tokens), ref, atol=1e-6)
-  grad = jax.grad(lambda p: forward(p, CFG.replace(remat_policy="dots"), tokens).sum())(params)
-  grad_ref = jax.grad(lambda p: forward(p, CFG, tokens).sum())(params)
+    np.testing.assert_allclose(_forward(params, cfg, tokens), ref, atol=1e-6)
+  grad = jax.jit(jax.grad(lambda p: _forward(p, CFG.replace(remat_policy="dots"), tokens).sum()))(params)
+  grad_ref = jax.jit(jax.grad(lambda p: _forward(p, CFG, tokens).sum()))(params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grad, grad_ref)
 
 
@@ -205,7 +214,8 @@ class TestBadInput:
     cache = init_cache(CFG, 2, 8)
     _, cache = _apply(params, tokens[:, :6], jnp.zeros((6,), jnp.int32), cache=cache)
     with pytest.raises(ValueError, match="cache overflow"):
-      _apply(params, tokens[:, :4], jnp.zeros((4,), jnp.int32), cache=cache)
+      Transformer(CFG).apply({"params": params}, tokens[:, :4],  # eager: lengths are concrete
+                            block_ids=jnp.zeros((4,), jnp.int32), cache=cache)
     with pytest.raises(ValueError, match="capacity"):
       init_cache(CFG, 2, CFG.max_seq_len + 1)
 
