@@ -1,0 +1,166 @@
+"""Tests for dllm_jax.data.tasks: generation, exact scoring, lengths, splits, suites."""
+
+import collections
+import itertools
+
+import numpy as np
+import pytest
+
+from dllm_jax.data.tasks import (LEVELS, TASK_ALPHABET, TASKS, Example, TaskSpec, TaskSuite,
+                                 examples, extract_final, get_task, split_of)
+from dllm_jax.data.tokenizers import CharTokenizer
+
+N = 300  # examples per (task, level) in the property tests
+
+
+def _sample(name, level, n=N, seed=0):
+  rng = np.random.default_rng(seed)
+  return [get_task(name).generate(rng, level) for _ in range(n)]
+
+
+@pytest.mark.parametrize("name,level", list(itertools.product(sorted(TASKS), LEVELS)))
+def test_examples_are_self_consistent(name, level):
+  task, tok = get_task(name), CharTokenizer(TASK_ALPHABET)
+  for ex in _sample(name, level):
+    assert ex.task == name and ex.prompt.endswith("=")
+    assert task.score(ex.answer, ex), ex
+    assert task.score(ex.prompt + ex.answer, ex), ex  # the prompt's '=' is not the last one
+    assert extract_final(ex.answer) == ex.target
+    assert len(ex.prompt) <= task.max_prompt_len(level)
+    assert len(ex.answer) <= task.max_answer_len(level)
+    tok.encode(ex.prompt + ex.answer)  # every character is in TASK_ALPHABET
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_arithmetic_steps_are_correct(level):
+  for ex in _sample("arithmetic", level):
+    value = eval(ex.prompt[:-1])  # only digits and + - *
+    assert int(ex.target) == value
+    for step in ex.answer.split("="):
+      assert eval(step) == value, ex
+
+
+def test_arithmetic_formats():
+  exs = {lvl: _sample("arithmetic", lvl, n=50) for lvl in LEVELS}
+  assert all("=" not in e.answer for e in exs[1] + exs[2])  # short answers when easy
+  assert all(set(e.prompt) <= set("0123456789+=") for e in exs[1])
+  assert all(e.prompt.count("*") == 1 for e in exs[3] + exs[5])
+  assert all(e.prompt.count("+") + e.prompt.count("-") == 2 for e in exs[4])
+  # a two-digit second factor with a nonzero tens and units digit gives the place-value steps
+  ex = next(e for e in exs[3] if e.prompt.split("*")[1][:-1].isdigit()
+            and len(e.prompt.split("*")[1]) == 3 and "0" not in e.prompt.split("*")[1])
+  a, b = ex.prompt[:-1].split("*")
+  t, u = int(b[0]) * 10, int(b[1])
+  assert ex.answer == f"{a}*{t}+{a}*{u}={int(a) * t}+{int(a) * u}={int(a) * int(b)}"
+
+
+def test_sorting_and_running_sum_are_correct():
+  for level in LEVELS:
+    for ex in _sample("sorting", level, n=50):
+      assert ex.target == "".join(sorted(ex.prompt[len("sort "):-1]))
+    for ex in _sample("running_sum", level, n=50):
+      digits = [int(c) for c in ex.prompt[len("cum "):-1]]
+      out = [int(c) for c in ex.target]
+      assert len(out) == len(digits) and out[0] == digits[0]
+      assert all(out[i] == (out[i - 1] + digits[i]) % 10 for i in range(1, len(out)))
+
+
+def test_exact_scoring_hand_cases():
+  task = get_task("arithmetic")
+  ex = Example("12*34=", "12*30+12*4=360+48=408", "408", "arithmetic")
+  for good in ["408", " 408 \n", "12*30+12*4=360+48=408", "12*34=408", "wrong=steps=408"]:
+    assert task.score(good, ex), good
+  for bad in ["407", "4080", "0408", "408.0", "", "=", "408=409", "408 is it", "+408"]:
+    assert not task.score(bad, ex), bad
+  srt = Example("sort cab=", "abc", "abc", "sorting")
+  assert get_task("sorting").score("abc", srt)
+  assert not get_task("sorting").score("acb", srt)
+  assert not get_task("sorting").score("abc ab", srt)
+
+
+def test_between_scoring_accepts_any_value_in_range():
+  task = get_task("between")
+  ex = Example("pick 1997 2002=", "1999", "1999", "between")
+  for good in ["1997", "1999", "2000", "2002", " 2001\n", "x=2000"]:
+    assert task.score(good, ex), good
+  for bad in ["1996", "2003", "02000", "-2000", "+2000", "2e3", "", "1999 2000", "２０００"]:
+    assert not task.score(bad, ex), bad
+  for ex in _sample("between", 3, n=100):
+    lo, hi = (int(x) for x in ex.prompt[5:-1].split())
+    assert 2 <= hi - lo + 1 <= 10 and len(str(lo)) == len(str(hi)) == 6
+
+
+def test_between_defeats_independent_digit_sampling():
+  """Why parallel decoding fails on `between`: digit marginals of valid answers multiply into
+  mostly invalid numbers, even with the true marginals."""
+  lo, hi = 1997, 2002
+  valid = [str(v) for v in range(lo, hi + 1)]
+  marginals = [collections.Counter(v[i] for v in valid) for i in range(4)]
+  p_valid = sum(np.prod([marginals[i][v[i]] / len(valid) for i in range(4)]) for v in valid)
+  assert p_valid < 0.3
+
+
+def test_generation_is_deterministic():
+  for name in TASKS:
+    assert _sample(name, 2, n=20, seed=5) == _sample(name, 2, n=20, seed=5)
+    assert _sample(name, 2, n=20, seed=5) != _sample(name, 2, n=20, seed=6)
+
+
+def test_bad_task_and_difficulty():
+  with pytest.raises(ValueError, match="valid tasks: .*'arithmetic'.*'sorting'"):
+    get_task("addition")
+  rng = np.random.default_rng(0)
+  for bad in (0, 6, "2", 2.0, True):
+    with pytest.raises(ValueError, match="difficulty levels"):
+      get_task("sorting").generate(rng, bad)
+  with pytest.raises(ValueError, match="difficulty levels"):
+    get_task("arithmetic").max_answer_len(9)
+
+
+def test_split_of_is_a_fixed_fraction():
+  prompts = [f"{a}+{b}=" for a in range(100) for b in range(100)]
+  frac = np.mean([split_of(p, 0.1) == "test" for p in prompts])
+  assert 0.08 < frac < 0.12
+  assert all(split_of(p, 0.1) == split_of(p, 0.1) for p in prompts[:100])
+
+
+def test_suite_splits_never_overlap():
+  suite = TaskSuite.parse("arithmetic:1,sorting:1,running_sum:1,between:1")
+  train = examples(suite, 2000, seed=0, split="train")
+  test = examples(suite, 500, seed=0, split="test")
+  assert not {e.prompt for e in train} & {e.prompt for e in test}
+  assert all(split_of(e.prompt, 0.1) == "train" for e in train)
+  assert all(split_of(e.prompt, 0.1) == "test" for e in test)
+
+
+def test_suite_parse_weights_and_lengths():
+  suite = TaskSuite.parse(" arithmetic:3:3, sorting:1 ")
+  assert suite.specs == (TaskSpec("arithmetic", 3, 3.0), TaskSpec("sorting", 1, 1.0))
+  assert TaskSuite.parse(suite.spec_string()) == suite
+  counts = collections.Counter(e.task for e in examples(suite, 2000, seed=1))
+  assert 0.70 < counts["arithmetic"] / 2000 < 0.80
+  assert suite.max_prompt_len == max(get_task("arithmetic").max_prompt_len(3),
+                                     get_task("sorting").max_prompt_len(1))
+  assert suite.max_answer_len == get_task("arithmetic").max_answer_len(3)
+  ex = examples(suite, 1, seed=2)[0]
+  assert suite.score(ex.answer, ex) and not suite.score(ex.answer + "1", ex)
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("arithmetic", "name:difficulty"), ("arithmetic:x", "must be an int"),
+    ("sorting:1:heavy", "must be an int"), ("sorting:9", "difficulty levels"),
+    ("sort:1", "valid tasks"), ("sorting:1:0", "weight"), ("", "at least one"),
+])
+def test_suite_parse_errors(spec, match):
+  with pytest.raises(ValueError, match=match):
+    TaskSuite.parse(spec)
+
+
+def test_suite_errors():
+  with pytest.raises(ValueError, match="test_fraction"):
+    TaskSuite.parse("sorting:1", test_fraction=1.0)
+  suite = TaskSuite.parse("sorting:1", test_fraction=1e-9, max_tries=20)
+  with pytest.raises(RuntimeError, match="prompt space is too small"):
+    suite.sample(np.random.default_rng(0), "test")
+  with pytest.raises(ValueError, match="split must be one of"):
+    suite.sample(np.random.default_rng(0), "valid")
