@@ -1,0 +1,193 @@
+"""Load a local HF checkpoint directory into a dllm_jax `(ModelConfig, params)`.
+
+    cfg, params = load_pretrained("/models/LLaDA-8B-Instruct", mesh=mesh)
+
+Order of work, so that every error comes before any tensor is read or anything compiled:
+  1. `config.json` -> family (llama / qwen2 / llada / dream) -> ModelConfig; special ids from
+     config.json, generation_config.json and the tokenizer files (see tokenizer.py).
+  2. Safetensors headers (single file or index + shards) are parsed and checked: every tensor
+     the config implies exists with the implied shape, and no tensor is left unexplained.
+  3. Placement is decided from `abstract_params(cfg)` (+ `param_shardings` on `mesh`).
+  4. Tensors are read one at a time, transposed ([out, in] -> [in, out]) and converted on
+     the host, and placed straight onto their sharding; stacked layer leaves are assembled on
+     device layer by layer (placement.py).
+
+Peak host memory is a few copies of the largest single tensor (read buffer, converted
+and contiguous transposed copies; with `merge_lora`, also the float32 merge). No stacked
+[L, ...] parameter ever exists on the host; on device, a stacked leaf under construction
+coexists with one layer slice. On a CPU backend "device" memory is host memory too, so there
+the total is the loaded model plus that working set.
+
+Shapes: L layers, D d_model, V vocab, F mlp width, H/K heads, Dh head dim.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from dllm_jax.checkpoints import lora as lora_lib
+from dllm_jax.checkpoints import placement
+from dllm_jax.checkpoints.families import PROJECTIONS, Family, detect_family
+from dllm_jax.checkpoints.safetensors_io import TensorStore
+from dllm_jax.checkpoints.tokenizer import read_json, special_token_ids
+from dllm_jax.models.config import ModelConfig
+
+LOAD_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
+_PROJECTION_OF = {prefix: name for name, prefix in PROJECTIONS.items()}
+
+
+def load_dtype(dtype: str) -> np.dtype:
+  if dtype not in LOAD_DTYPES:
+    raise ValueError(f"dtype={dtype!r} is not supported for loading; use one of "
+                     f"{sorted(LOAD_DTYPES)}.")
+  return LOAD_DTYPES[dtype]
+
+
+def read_config(model_dir) -> dict:
+  path = Path(model_dir) / "config.json"
+  if not path.is_file():
+    raise FileNotFoundError(f"{path} does not exist; point at a HF model directory that holds "
+                            "config.json and the safetensors weights.")
+  return read_json(path)
+
+
+def _open(model_dir: Path, dtype: str) -> tuple[ModelConfig, Family, TensorStore]:
+  config = read_config(model_dir)
+  family = detect_family(config, str(model_dir / "config.json"))
+  store = TensorStore.from_directory(model_dir)
+  fields = family.parse_config(config, {n: store.shape(n) for n in store.names()})
+  fields.update(special_token_ids(model_dir, config))
+  try:
+    cfg = ModelConfig(**fields, param_dtype=dtype, dtype=dtype,
+                      name=f"{family.name}:{model_dir.name}")
+  except ValueError as e:
+    raise ValueError(f"{model_dir}: the config implies an invalid model: {e}") from None
+  return cfg, family, store
+
+
+def config_from_hf(model_dir, dtype: str = "bfloat16") -> tuple[ModelConfig, Family]:
+  """ModelConfig (with special ids) and family of a HF model directory.
+
+  Reads config.json, the tokenizer files and the safetensors headers; no tensor data.
+  """
+  load_dtype(dtype)
+  cfg, family, _ = _open(Path(model_dir), dtype)
+  return cfg, family
+
+
+def hf_shape(path, shape) -> tuple[int, ...]:
+  """HF shape of one (per-layer) leaf: kernels are stored transposed."""
+  return tuple(shape)[::-1] if path[-1] == "kernel" else tuple(shape)
+
+
+def tensor_plan(family: Family, cfg: ModelConfig, shapes) -> dict:
+  """{leaf path: ([HF names], HF shape of one name)} for every non-LoRA leaf."""
+  plan = {}
+  for path, leaf in shapes.items():
+    if path[-1] in ("lora_a", "lora_b"):
+      continue
+    if path[0] == "layers":
+      plan[path] = ([family.hf_name(path, i) for i in range(cfg.n_layers)],
+                    hf_shape(path, leaf.shape[1:]))
+    else:
+      plan[path] = ([family.hf_name(path)], hf_shape(path, leaf.shape))
+  return plan
+
+
+def check_tensors(store: TensorStore, plan: dict, family: Family, cfg: ModelConfig):
+  """Every implied tensor exists with its shape; no stored tensor is unexplained."""
+  expected = {name: (path, shape) for path, (names, shape) in plan.items() for name in names}
+  missing = [n for n in expected if n not in store]
+  if missing:
+    raise ValueError(
+        f"{store.description} lacks {len(missing)} tensor(s) that config.json implies for a "
+        f"{family.name} model, e.g. {missing[:3]}; the checkpoint is incomplete or config.json "
+        "describes a different model (check the layer count and weight tying).")
+  # HF ignores a stored head when the embeddings are tied; so do we.
+  tied_head = family.global_names[("lm_head", "kernel")] if cfg.tie_embeddings else None
+  extra = [n for n in store.names()
+           if n not in expected and n != tied_head and not family.is_ignorable(n)]
+  if extra:
+    raise ValueError(
+        f"{store.description} holds {len(extra)} tensor(s) that a {family.name} model of this "
+        f"config does not have, e.g. {extra[:3]}; check the family (model_type), the layer "
+        "count and the bias / weight-tying settings in config.json.")
+  for name, (path, shape) in expected.items():
+    if store.shape(name) != shape:
+      raise ValueError(
+          f"tensor {name!r} in {store.infos[name].path.name} has shape {store.shape(name)}, "
+          f"but config.json implies {shape} (parameter {'/'.join(path)}); config.json and the "
+          "weights do not belong together.")
+
+
+def _host_leaf(store, name, path, layer, dtype, adapter):
+  """One tensor in our layout and dtype, with a LoRA update merged in float32 if asked."""
+  host = store.read(name)
+  if path[-1] == "kernel":
+    host = host.T
+  projection = _PROJECTION_OF.get(path[1:3]) if path[0] == "layers" else None
+  delta = adapter.delta(projection, layer) if adapter is not None and projection else None
+  if delta is not None:
+    host = host.astype(np.float32) + delta
+  return np.asarray(host, dtype=dtype, order="C")
+
+
+def load_pretrained(model_dir, *, dtype: str = "bfloat16", mesh=None, rules=None,
+                    adapter_dir=None, merge_lora: bool = False):
+  """Loads a HF model directory as `(ModelConfig, params)`.
+
+  Args:
+    model_dir: local directory with config.json and model.safetensors (or an index + shards).
+    dtype: "bfloat16" (default) or "float32": parameter and compute dtype.
+    mesh: a `jax.sharding.Mesh` (see `dllm_jax.parallel.mesh.make_mesh`); None puts every
+      parameter on the first device.
+    rules: logical-axis rules (pairs) for `mesh`; default `DEFAULT_RULES`.
+    adapter_dir: a PEFT LoRA adapter directory to apply (or merge) on top.
+    merge_lora: fold the adapter into the base kernels (`W += s * A.T @ B.T`, in float32)
+      instead of returning `lora_a` / `lora_b` leaves and a cfg with `lora_rank` set.
+
+  Returns:
+    (cfg, params) where params matches `init_params(cfg, ...)` leaf for leaf.
+  """
+  np_dtype = load_dtype(dtype)
+  cfg, family, store = _open(Path(model_dir), dtype)
+  adapter = None
+  if adapter_dir is not None:
+    adapter = lora_lib.read_adapter(adapter_dir, family, cfg, merge=merge_lora)
+    if not merge_lora:
+      cfg = cfg.replace(lora_rank=adapter.rank, lora_alpha=adapter.scale * adapter.rank,
+                        lora_dropout=adapter.dropout)
+  shapes, shardings = placement.target_shardings(cfg, mesh, rules)
+  plan = tensor_plan(family, cfg, shapes)
+  check_tensors(store, plan, family, cfg)
+  merge = adapter if merge_lora else None
+
+  params = {}
+  for path, leaf in shapes.items():
+    if path[-1] in ("lora_a", "lora_b"):
+      read = _lora_reader(adapter, path, leaf.shape[1:], np_dtype)
+      params[path] = placement.stack_layers(leaf.shape, np_dtype, shardings[path], read)
+      continue
+    names = plan[path][0]
+    if path[0] == "layers":
+      read = lambda i, names=names, path=path: _host_leaf(store, names[i], path, i, np_dtype,
+                                                          merge)
+      params[path] = placement.stack_layers(leaf.shape, np_dtype, shardings[path], read)
+    else:
+      params[path] = placement.put(_host_leaf(store, names[0], path, None, np_dtype, None),
+                                   shardings[path])
+  return cfg, placement.unflatten(params)
+
+
+def _lora_reader(adapter, path, shape, dtype):
+  projection, factor = _PROJECTION_OF[path[1:3]], path[-1]
+
+  def read(layer):
+    ab = adapter.factors(projection, layer)
+    if ab is None:
+      return np.zeros(shape, dtype)
+    return np.asarray(ab[0] if factor == "lora_a" else ab[1], dtype=dtype, order="C")
+  return read
