@@ -1,0 +1,368 @@
+"""D2F pipelined parallel decoding on a block-causal model with an exact K/V cache.
+
+Shape legend: B batch, P padded prompt length, G = N * k response slots in N blocks of k,
+W forward window slots, V vocab.
+
+The algorithm (Discrete Diffusion Forcing, SJTU-DENG-Lab/Discrete-Diffusion-Forcing
+`D2F-eval/eval_llada.py`): blocks of k masks are appended to the right of the prompt while
+earlier blocks are still decoding. Per step and row: append a block (semi-activated) when
+the last one is `tau_add` decoded; a block is fully activated once its predecessor is
+`tau_act` decoded; one forward; every active block commits its masked slots with
+probability > `tau_conf`, and a fully activated block with none above that commits its top
+one; blocks that are final (and all earlier ones too) enter the cache. After a stop token
+no block is appended; the output is cut at the first stop. `d2f_state.py` holds the block
+life cycle; this module holds the model calls and the loop.
+
+Static-shape design. The whole decode is one jitted `lax.while_loop` over the batch; every
+row has its own block cursors (`d2f_state`), so rows progress independently. Each step
+forwards a fixed window of W = A * k slots (A = `max_active_blocks`) starting at each
+row's first uncached block (a per-row gather), with response positions `len(prompt) + j`,
+block ids `1 + j // k`, and slots past the row's appended blocks marked invalid; the window
+attends to the cache and writes its leading `(ready - cached) * k` slots, the blocks that
+became final and contiguous, so the cache is exact. Final blocks awaiting their write were
+active one step before, so a window of A + 1 blocks always holds them; a `lax.cond` runs
+that larger window only on steps where some row needs it (for block diffusion: the first
+step of each block). Rows that are done ride along with an all-invalid window.
+
+Shifted-logits models (Dream: slot i is predicted by the output at i - 1) forward with
+the shift off and shift inside the decoder: the window's first slot takes the output saved
+when the last cached slot was written (the prompt's last slot after the prefill).
+
+NFE: one batched forward per loop step (`steps`), plus one prefill forward that writes the
+prompt into the cache (`nfe = steps + 1`; without a cache `nfe = steps`). The last blocks
+are never written to the cache: no later forward reads them. A row stops as soon as its
+first stop token has only decided tokens before it (its output can no longer change);
+per-row forward counts are `D2FState.forwards`.
+
+Settings split into a static `D2FSpec` (shapes, rules: a jit static argument) and traced
+`Thresholds` (tau_add, tau_act, tau_conf): sweeping the thresholds never recompiles.
+Batched rows give exactly their one-prompt results (left padding; rows never interact)
+for the deterministic rules (temperature 0, confidence ranking other than "random").
+
+API: `d2f_generate`, `block_diffusion_generate` (the one-block, fixed-schedule special
+case); for step-level control `make_spec`, `init_state`, `step`, `output`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from dllm_jax.decoding import base, sampling
+from dllm_jax.decoding import d2f_state as ds
+from dllm_jax.decoding.d2f_state import D2FSpec, D2FState
+from dllm_jax.models import kv_cache as kvc
+from dllm_jax.models import masks
+from dllm_jax.models.config import ModelConfig
+from dllm_jax.models.transformer import Transformer, abstract_params
+from dllm_jax.parallel import mesh as mesh_lib
+
+Array = jnp.ndarray
+
+
+def make_spec(cfg: ModelConfig, *, gen_length: int, block_size: int,
+              max_active_blocks: int | None = None, tau_add: float = 0.1,
+              tau_act: float = 0.95, tau_conf: float = 0.9, rule: str = "threshold",
+              steps_per_block: int = 0, temperature: float = 0.0,
+              remasking: str = "probability", use_cache: bool = True):
+  """Checks the decode settings (ValueError naming the fix).
+
+  Returns (D2FSpec, the static part: a jit argument; Thresholds, the traced part).
+  """
+  if not isinstance(block_size, (int, np.integer)) or block_size <= 0:
+    raise ValueError(f"block_size must be a positive int, got {block_size!r}.")
+  if gen_length <= 0 or gen_length % block_size:
+    raise ValueError(f"gen_length ({gen_length}) must be a positive multiple of block_size "
+                     f"({block_size}); round it up to "
+                     f"{max(1, math.ceil(gen_length / block_size)) * block_size}.")
+  n = gen_length // block_size
+  active = n if max_active_blocks is None else max_active_blocks
+  if not isinstance(active, (int, np.integer)) or not 1 <= active <= n:
+    raise ValueError(f"max_active_blocks={max_active_blocks!r} must be an int in [1, {n}] "
+                     f"(the response has {n} blocks); pass None for no bound.")
+  for name, tau in (("tau_add", tau_add), ("tau_act", tau_act)):
+    if not 0.0 <= tau <= 1.0:
+      raise ValueError(f"{name}={tau} is a fraction of a block and must lie in [0, 1].")
+  if not tau_conf >= 0.0:
+    raise ValueError(f"tau_conf={tau_conf} must be >= 0 (above 1: only the top-1 rule).")
+  if rule not in ds.COMMIT_RULES:
+    raise ValueError(f"Unknown commit rule {rule!r}; use one of {ds.COMMIT_RULES}.")
+  if rule == "count" and not 1 <= steps_per_block <= block_size:
+    raise ValueError(f"steps_per_block={steps_per_block} must lie in [1, block_size="
+                     f"{block_size}]: each step commits at least one token.")
+  if not temperature >= 0.0:
+    raise ValueError(f"temperature must be >= 0, got {temperature}.")
+  if remasking not in sampling.CONFIDENCE_KINDS:
+    raise ValueError(f"Unknown remasking {remasking!r}; use one of "
+                     f"{sampling.CONFIDENCE_KINDS}.")
+  if cfg.mask_token_id is None:
+    raise ValueError(f"model config {cfg.name!r} has no mask_token_id; D2F needs one.")
+  pad = next((i for i in (cfg.pad_token_id, cfg.eos_token_id) if i is not None), 0)
+  spec = D2FSpec(
+      block_size=int(block_size), num_blocks=n, max_active=int(active), rule=rule,
+      steps_per_block=int(steps_per_block) if rule == "count" else 0,
+      temperature=float(temperature), remasking=remasking, use_cache=bool(use_cache),
+      mask_id=cfg.mask_token_id, stop_ids=base.stop_ids(cfg), pad_id=pad)
+  return spec, ds.Thresholds.create(block_size, tau_add, tau_act, tau_conf)
+
+
+# ----------------------------------------------------------------------------- model calls
+
+def _proposals(logits: Array, spec: D2FSpec, rng: Array):
+  """[B, T, V] logits -> proposed tokens, their probability, their ranking score [B, T]."""
+  logits = sampling.forbid(logits, [spec.mask_id])
+  pick_rng, rank_rng = jax.random.split(rng)
+  x0 = sampling.gumbel_argmax(logits, spec.temperature, pick_rng)
+  scaled = logits if spec.temperature == 0.0 else logits / spec.temperature
+  prob = sampling.confidence(scaled, x0, "probability")
+  score = prob if spec.remasking == "probability" else sampling.confidence(
+      scaled, x0, spec.remasking, rank_rng)
+  return x0, prob, score
+
+
+def _prefill(params, cfg: ModelConfig, prompt: Array, valid: Array, capacity: int):
+  """Writes the prompt (block id 0, left-pad positions; padding invisible) into a cache.
+
+  Returns the cache and, for shifted-logits models, the raw output at the last prompt
+  slot (it predicts the first response slot).
+  """
+  cache = kvc.init_cache(cfg, prompt.shape[0], capacity)
+  logits, cache = Transformer(cfg.replace(shift_logits=False)).apply(
+      {"params": params}, prompt, block_ids=jnp.zeros_like(prompt),
+      positions=masks.left_pad_positions(valid), valid=valid, cache=cache)
+  return cache, (logits[:, -1] if cfg.shift_logits else None)
+
+
+def _window_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, blocks: int,
+                 rng: Array):
+  """Forwards each row's window of `blocks` blocks from its first uncached block.
+
+  Returns proposals mapped back to response slots ([B, G]; zero probability outside the
+  window), the cache with the final blocks [cached, ready) written, and the new
+  `last_logits` (shifted-logits models: the raw output at the last written slot).
+  """
+  k, g, width = spec.block_size, spec.gen_length, blocks * spec.block_size
+  start = state.cached * k
+  slot = start[:, None] + jnp.arange(width, dtype=jnp.int32)[None]          # [B, W]
+  live = ~state.done
+  valid = (slot < state.n_blocks[:, None] * k) & live[:, None]
+  tokens = jnp.take_along_axis(state.response, jnp.minimum(slot, g - 1), axis=1)
+  tokens = jnp.where(valid, tokens, spec.mask_id)
+  prompt_len = state.prompt_valid.sum(-1, dtype=jnp.int32)
+  write_len = jnp.where(live, (state.ready - state.cached) * k, 0)
+  logits, cache = Transformer(cfg.replace(shift_logits=False)).apply(
+      {"params": params}, tokens, block_ids=1 + slot // k, positions=prompt_len[:, None] + slot,
+      valid=valid, cache=state.cache, write_len=write_len)
+  last = state.last_logits
+  if cfg.shift_logits:  # slot j is predicted by the output at j - 1 (before the window: cached)
+    last_written = jnp.take_along_axis(
+        logits, jnp.maximum(write_len - 1, 0)[:, None, None], axis=1)[:, 0]
+    logits = jnp.concatenate([state.last_logits[:, None], logits[:, :-1]], axis=1)
+    last = jnp.where((write_len > 0)[:, None], last_written, state.last_logits)
+  x0, prob, score = _proposals(logits, spec, rng)
+  offset = jnp.arange(g, dtype=jnp.int32)[None] - start[:, None]           # [B, G]
+  inside = (offset >= 0) & (offset < width)
+  back = lambda a: jnp.take_along_axis(a, jnp.clip(offset, 0, width - 1), axis=1)
+  return (back(x0), jnp.where(inside, back(prob), 0.0),
+          jnp.where(inside, back(score), sampling.NEG_INF)), cache, last
+
+
+def _canvas_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, rng: Array):
+  """No cache: the full block-causal forward of prompt ++ appended blocks ([B, G] out)."""
+  k, g = spec.block_size, spec.gen_length
+  slot = jnp.arange(g, dtype=jnp.int32)
+  answer_valid = (slot[None] < state.n_blocks[:, None] * k) & ~state.done[:, None]
+  prompt_len = state.prompt_valid.sum(-1, dtype=jnp.int32)
+  tokens = jnp.concatenate([state.prompt, state.response], axis=1)
+  valid = jnp.concatenate([state.prompt_valid, answer_valid], axis=1)
+  positions = jnp.concatenate([masks.left_pad_positions(state.prompt_valid),
+                               prompt_len[:, None] + slot[None]], axis=1)
+  ids = jnp.concatenate([jnp.zeros(state.prompt.shape[1], jnp.int32), 1 + slot // k])
+  logits = Transformer(cfg).apply({"params": params}, tokens, block_ids=ids,
+                                  positions=positions, valid=valid)
+  return _proposals(logits[:, state.prompt.shape[1]:], spec, rng)
+
+
+# ----------------------------------------------------------------------------- sharding
+
+def _constrain(state: D2FState, mesh, rules) -> D2FState:
+  """Pins per-row state to batch sharding (cache kv heads over `tensor` when they divide)."""
+  if mesh is None:
+    return state
+  batch_axes = nn.logical_to_mesh_axes(("batch",), rules)[0]
+
+  def by_batch(x):
+    spec = PartitionSpec(batch_axes, *([None] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+  rows = ("prompt", "prompt_valid", "response", "decided", "n_blocks", "cached", "ready",
+          "block_steps", "eos_seen", "done", "forwards")
+  state = state.replace(**{f: by_batch(getattr(state, f)) for f in rows})
+  if state.last_logits is not None:
+    state = state.replace(last_logits=by_batch(state.last_logits))
+  cache = state.cache
+  if cache is not None:
+    heads = nn.logical_to_mesh_axes(("kv_heads",), rules)[0]
+    names = () if heads is None else (heads if isinstance(heads, tuple) else (heads,))
+    if cache.k.shape[3] % int(np.prod([mesh.shape[a] for a in names])):
+      heads = None
+    kv = NamedSharding(mesh, PartitionSpec(None, batch_axes, None, heads, None))
+    cache = cache.replace(k=jax.lax.with_sharding_constraint(cache.k, kv),
+                          v=jax.lax.with_sharding_constraint(cache.v, kv),
+                          block_ids=by_batch(cache.block_ids), length=by_batch(cache.length))
+  return state.replace(cache=cache)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+def _init(params, prompt, valid, rng, limits, *, cfg: ModelConfig, spec: D2FSpec, mesh=None,
+          rules=mesh_lib.DEFAULT_RULES) -> D2FState:
+  b, p = prompt.shape
+  g, n = spec.gen_length, spec.num_blocks
+  prompt = prompt.astype(jnp.int32)
+  zeros = jnp.zeros((b,), jnp.int32)
+  cache, last = _prefill(params, cfg, prompt, valid, p + g) if spec.use_cache else (None, None)
+  state = D2FState(
+      prompt=prompt, prompt_valid=valid, response=jnp.full((b, g), spec.mask_id, jnp.int32),
+      decided=jnp.zeros((b, g), bool), n_blocks=zeros, cached=zeros, ready=zeros,
+      block_steps=jnp.zeros((b, n), jnp.int32), eos_seen=jnp.zeros((b,), bool),
+      done=jnp.zeros((b,), bool), forwards=zeros, steps=jnp.zeros((), jnp.int32), rng=rng,
+      limits=limits, cache=cache, last_logits=last)
+  return _constrain(ds.admit(spec, state), mesh, rules)
+
+
+def _step(params, state: D2FState, *, cfg: ModelConfig, spec: D2FSpec, mesh=None,
+          rules=mesh_lib.DEFAULT_RULES) -> D2FState:
+  rng = jax.random.fold_in(state.rng, state.steps)
+  cache, last = state.cache, state.last_logits
+  if not spec.use_cache:
+    x0, prob, score = _canvas_step(params, cfg, spec, state, rng)
+  else:
+    windows = spec.window_blocks
+    run = lambda blocks, s: _window_step(params, cfg, spec, s, blocks, rng)
+    if len(windows) == 1:
+      (x0, prob, score), cache, last = run(windows[0], state)
+    else:
+      span = jnp.where(state.done, 0, state.n_blocks - state.cached)
+      (x0, prob, score), cache, last = jax.lax.cond(
+          jnp.any(span > windows[0]), functools.partial(run, windows[1]),
+          functools.partial(run, windows[0]), state)
+  commit = ds.commit_mask(spec, state, prob, score)
+  state = ds.apply_commits(spec, state, commit, x0).replace(cache=cache, last_logits=last)
+  return _constrain(ds.admit(spec, state), mesh, rules)
+
+
+def _run(params, state: D2FState, *, cfg: ModelConfig, spec: D2FSpec, mesh=None,
+         rules=mesh_lib.DEFAULT_RULES) -> D2FState:
+  # Every live row commits at least one token per step, so G steps always suffice.
+  keep_going = lambda s: (s.steps < spec.gen_length) & ~jnp.all(s.done)
+  body = functools.partial(_step, params, cfg=cfg, spec=spec, mesh=mesh, rules=rules)
+  return jax.lax.while_loop(keep_going, body, state)
+
+
+def output(spec: D2FSpec, state: D2FState) -> base.DecodeOutput:
+  """The decode record: tokens cut at the first stop, lengths, NFE (prefill included)."""
+  tokens, lengths, _ = base.finalize(state.response, state.decided, spec.stop_ids,
+                                     spec.pad_id)
+  return base.DecodeOutput(
+      tokens=tokens, lengths=lengths, nfe=state.steps + int(spec.use_cache),
+      steps=state.steps, committed=state.decided.sum(1, dtype=jnp.int32), done=state.done)
+
+
+def _decode(params, prompt, valid, rng, limits, *, cfg, spec, mesh=None,
+            rules=mesh_lib.DEFAULT_RULES):
+  kw = dict(cfg=cfg, spec=spec, mesh=mesh, rules=rules)
+  state = _run(params, _init(params, prompt, valid, rng, limits, **kw), **kw)
+  return output(spec, state), state.replace(cache=None, last_logits=None)
+
+
+_STATIC = ("cfg", "spec", "mesh", "rules")
+init_state = jax.jit(_init, static_argnames=_STATIC)
+step = jax.jit(_step, static_argnames=_STATIC, donate_argnames=("state",))
+decode = jax.jit(_decode, static_argnames=_STATIC)
+
+
+# ----------------------------------------------------------------------------- public API
+
+def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
+                 gen_length: int, block_size: int = 32, tau_add: float = 0.1,
+                 tau_act: float = 0.95, tau_conf: float = 0.9,
+                 max_active_blocks: int | None = None, temperature: float = 0.0,
+                 remasking: str = "probability", use_cache: bool = True, mesh=None,
+                 rules=None, return_state: bool = False):
+  """D2F pipelined parallel decoding of a left-padded prompt batch.
+
+  Args:
+    params: model parameters (a block-causal D2F student, e.g. LLaDA/Dream + D2F LoRA).
+    prompt_tokens, prompt_valid: [B, P] left-padded prompts (`base.pad_prompts`); valid
+      None means no padding.
+    rng: PRNG key (used when temperature > 0 or remasking="random").
+    gen_length: G response slots, a multiple of block_size.
+    block_size: k. tau_add, tau_act: decoded fractions that append / fully activate a
+      block. tau_conf: commit threshold on the token probability.
+    max_active_blocks: bound on blocks in flight (None: no bound, like the reference).
+    temperature, remasking: token sampling and the ranking of the top-1 fallback.
+    use_cache: False recomputes the whole block-causal canvas every step (same tokens).
+    mesh, rules: decode data-parallel over the batch and tensor-parallel over the params
+      on a `parallel.mesh` mesh (same tokens as one device).
+    return_state: also return the final `D2FState` (without its cache): per-row
+      `forwards`, `block_steps`, cursors.
+  Returns:
+    base.DecodeOutput (and the state when return_state).
+  """
+  spec, limits = make_spec(
+      cfg, gen_length=gen_length, block_size=block_size, max_active_blocks=max_active_blocks,
+      tau_add=tau_add, tau_act=tau_act, tau_conf=tau_conf, temperature=temperature,
+      remasking=remasking, use_cache=use_cache)
+  return _generate(params, cfg, spec, limits, prompt_tokens, prompt_valid, rng, mesh, rules,
+                   return_state)
+
+
+def block_diffusion_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None,
+                             rng=None, *, gen_length: int, block_size: int,
+                             steps_per_block: int, temperature: float = 0.0,
+                             remasking: str = "probability", use_cache: bool = True,
+                             mesh=None, rules=None, return_state: bool = False):
+  """Block diffusion (BD3-style semi-AR) decoding: the one-block special case of D2F.
+
+  One block at a time; within a block of k masks and s = steps_per_block steps, step i
+  commits the k // s (+1 for i < k % s) most confident masked slots (LLaDA's schedule).
+  A finished block is written to the cache by the next block's first forward, so
+  `nfe = N * s + 1` (the prefill) exactly. Arguments as in `d2f_generate`.
+  """
+  spec, limits = make_spec(
+      cfg, gen_length=gen_length, block_size=block_size, max_active_blocks=1, tau_add=1.0,
+      tau_act=1.0, tau_conf=math.inf, rule="count", steps_per_block=steps_per_block,
+      temperature=temperature, remasking=remasking, use_cache=use_cache)
+  return _generate(params, cfg, spec, limits, prompt_tokens, prompt_valid, rng, mesh, rules,
+                   return_state)
+
+
+def _generate(params, cfg, spec, limits, prompt, valid, rng, mesh, rules, return_state):
+  """Checks the prompts, places inputs on the mesh, runs the jitted decode."""
+  base.check_prompts(cfg, prompt, valid, spec.gen_length)
+  prompt = jnp.asarray(prompt, jnp.int32)
+  valid = jnp.ones(prompt.shape, bool) if valid is None else jnp.asarray(valid, bool)
+  rng = jax.random.key(0) if rng is None else rng
+  if mesh is None:
+    out, state = decode(params, prompt, valid, rng, limits, cfg=cfg, spec=spec)
+  else:
+    rules = mesh_lib.rules_from_config(rules)
+    dp = mesh_lib.data_parallel_size(mesh, rules)
+    if prompt.shape[0] % dp:
+      raise ValueError(f"batch {prompt.shape[0]} is not divisible by the mesh's "
+                       f"data-parallel size {dp}; pad the batch with dummy prompts.")
+    params = jax.device_put(params, mesh_lib.param_shardings(abstract_params(cfg), mesh, rules))
+    rows = mesh_lib.batch_sharding(mesh, 2, rules)
+    prompt, valid = jax.device_put(prompt, rows), jax.device_put(valid, rows)
+    rng, limits = jax.device_put((rng, limits), mesh_lib.replicated(mesh))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      out, state = decode(params, prompt, valid, rng, limits, cfg=cfg, spec=spec, mesh=mesh,
+                          rules=rules)
+  return (out, state) if return_state else out

@@ -1,0 +1,236 @@
+"""Per-row block bookkeeping of pipelined block decoding (D2F), as pure array functions.
+
+Shape legend: B batch, P padded prompt length, G = N * k response slots, N blocks of k slots.
+
+A row's response is a row of N blocks. Each row keeps three block cursors, which is all the
+state the D2F block life cycle needs (SJTU-DENG-Lab/Discrete-Diffusion-Forcing, D2F-eval):
+
+    block:   0 ........ cached ........ ready ........ n_blocks ........ N
+             |  in the K/V  | final, written |  active (in flight) | not added yet
+             |    cache     | by next forward|  semi or fully act. |
+
+  * `n_blocks` blocks have been appended; the rest are not part of the canvas yet.
+  * Blocks `[0, ready)` are final and contiguous: every token is decided and so is every
+    earlier block. Their K/V is exact (block-causal attention: a block sees only itself and
+    earlier blocks), so they may enter the cache. Blocks `[0, cached)` are already there;
+    the next forward writes `[cached, ready)` (its leading `(ready - cached) * k` slots).
+  * Blocks `[ready, n_blocks)` are active: they still decode (a finished block waits here
+    until every earlier block is final, so the cache stays a contiguous prefix).
+  * Activation is derived, not stored: a block is *fully activated* once its predecessor
+    (the prompt for block 0) has at least `limits.act_count` decided tokens; decided
+    tokens are never undone, so this equals the reference's sticky flag.
+
+Thresholds on the decoded fraction (`tau_add`, `tau_act`) are turned into integer token
+counts once, in Python float64 exactly as the reference computes `decoded / k >= tau`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from dllm_jax.decoding import base, sampling
+from dllm_jax.models import kv_cache as kvc
+
+Array = jnp.ndarray
+COMMIT_RULES = ("threshold", "count")
+
+
+def fraction_to_count(tau: float, block_size: int) -> int:
+  """Smallest decoded-token count c with c / block_size >= tau (float64, like the reference)."""
+  return next(c for c in range(block_size + 1) if c / block_size >= tau)
+
+
+@dataclasses.dataclass(frozen=True)
+class D2FSpec:
+  """The static (hashable) part of a decode: everything that shapes the compiled loop.
+
+  Attributes:
+    block_size: k, slots per block.
+    num_blocks: N = G // k.
+    max_active: most blocks in flight (active) at once; N means no bound (the reference).
+    rule: "threshold" (D2F: probability above tau_conf, plus the top-1 of a fully activated
+      block) or "count" (block diffusion: block step i commits k // s, +1 for i < k % s).
+    steps_per_block: s of the "count" rule (0 for "threshold").
+    temperature: 0 is greedy; else Gumbel-max sampling at this temperature.
+    remasking: confidence kind that ranks positions (sampling.CONFIDENCE_KINDS); the
+      threshold itself always reads the probability of the proposed token.
+    use_cache: exact K/V cache of final blocks; False recomputes the whole canvas per step.
+    mask_id, stop_ids, pad_id: special ids from the model config.
+  """
+  block_size: int
+  num_blocks: int
+  max_active: int
+  rule: str
+  steps_per_block: int
+  temperature: float
+  remasking: str
+  use_cache: bool
+  mask_id: int
+  stop_ids: tuple[int, ...]
+  pad_id: int
+
+  @property
+  def gen_length(self) -> int:
+    return self.block_size * self.num_blocks
+
+  @property
+  def window_blocks(self) -> tuple[int, ...]:
+    """Forward window sizes in blocks: the common one and, if larger, the rare one.
+
+    In flight are at most `max_active` active blocks plus the final blocks still to be
+    written; those were active one step earlier, so together with the active ones they
+    number at most `max_active`, plus the one block appended this step: A + 1 (capped at N).
+    When no row needs the extra block the step runs the A-block window instead (lax.cond).
+    """
+    small = min(self.max_active, self.num_blocks)
+    large = min(self.max_active + 1, self.num_blocks)
+    return (small,) if small == large else (small, large)
+
+
+@flax.struct.dataclass
+class Thresholds:
+  """The traced part of a decode: changing these never recompiles (sweep them freely).
+
+  Attributes:
+    add_count: [] int32, a block is appended once the last block has this many decided
+      tokens (tau_add as a count).
+    act_count: [] int32, a block is fully activated once its predecessor has this many
+      (tau_act as a count).
+    tau_conf: [] float32, the commit threshold on the proposal's probability.
+  """
+  add_count: Array
+  act_count: Array
+  tau_conf: Array
+
+  @classmethod
+  def create(cls, block_size: int, tau_add: float, tau_act: float, tau_conf: float):
+    return cls(add_count=jnp.asarray(fraction_to_count(tau_add, block_size), jnp.int32),
+               act_count=jnp.asarray(fraction_to_count(tau_act, block_size), jnp.int32),
+               tau_conf=jnp.asarray(tau_conf, jnp.float32))
+
+
+@flax.struct.dataclass
+class D2FState:
+  """Decode state, one row per prompt; every field has a static shape.
+
+  Attributes:
+    prompt, prompt_valid: [B, P] left-padded prompt and its real-token mask.
+    response: [B, G] int32 tokens; the mask id where undecided.
+    decided: [B, G] bool.
+    n_blocks, cached, ready: [B] int32 block cursors (module docstring).
+    block_steps: [B, N] int32 forwards in which each block had masked slots to decode.
+    eos_seen: [B] bool a stop token was committed (no block is appended after it).
+    done: [B] bool the row needs no more forwards.
+    forwards: [B] int32 loop forwards in which the row was live.
+    steps: [] int32 loop iterations (one batched forward each).
+    rng: PRNG key.
+    limits: the decode's Thresholds.
+    cache: KVCache of P + G slots, or None without a cache.
+    last_logits: [B, V] float32 model output at the last cached slot, which predicts the
+      slot after it for models with shifted logits (Dream); None otherwise.
+  """
+  prompt: Array
+  prompt_valid: Array
+  response: Array
+  decided: Array
+  n_blocks: Array
+  cached: Array
+  ready: Array
+  block_steps: Array
+  eos_seen: Array
+  done: Array
+  forwards: Array
+  steps: Array
+  rng: Array
+  limits: Thresholds
+  cache: kvc.KVCache | None
+  last_logits: Array | None
+
+
+def block_counts(spec: D2FSpec, decided: Array) -> Array:
+  """[B, G] bool -> [B, N] int32 decided tokens per block."""
+  b = decided.shape[0]
+  return decided.reshape(b, spec.num_blocks, spec.block_size).sum(-1, dtype=jnp.int32)
+
+
+def admit(spec: D2FSpec, state: D2FState) -> D2FState:
+  """Appends at most one block per row, then marks rows with nothing left to decode done.
+
+  A block is appended while fewer than N exist, no stop token was committed, fewer than
+  `max_active` blocks are in flight and the last block (the prompt when there is none) has
+  `limits.add_count` decided tokens. A row is done when no block is active (nothing can be
+  appended any more: the last block is final, so only N or a stop token prevents it), or
+  as soon as its first decided stop token has only decided tokens before it: the response
+  up to that stop can no longer change, so its remaining forwards would be wasted.
+  """
+  counts = block_counts(spec, state.decided)
+  last = jnp.clip(state.n_blocks - 1, 0, spec.num_blocks - 1)
+  last_count = jnp.take_along_axis(counts, last[:, None], axis=1)[:, 0]
+  last_count = jnp.where(state.n_blocks == 0, spec.block_size, last_count)
+  grow = (~state.done & (state.n_blocks < spec.num_blocks) & ~state.eos_seen
+          & (state.n_blocks - state.ready < spec.max_active)
+          & (last_count >= state.limits.add_count))
+  n_blocks = state.n_blocks + grow.astype(jnp.int32)
+  settled = base.first_stop_decided(state.response, state.decided, spec.stop_ids)
+  done = state.done | (state.ready >= n_blocks) | settled
+  return state.replace(n_blocks=n_blocks, done=done)
+
+
+def commit_mask(spec: D2FSpec, state: D2FState, prob: Array, score: Array) -> Array:
+  """[B, G] bool: the slots this step decides, given per-slot proposals' probability and
+  ranking score ([B, G] float32; slots outside the forward window may hold anything)."""
+  b, k, n = state.decided.shape[0], spec.block_size, spec.num_blocks
+  block = jnp.arange(spec.gen_length, dtype=jnp.int32) // k
+  active = ((block[None] >= state.ready[:, None]) & (block[None] < state.n_blocks[:, None])
+            & ~state.done[:, None])
+  cand = (active & ~state.decided).reshape(b, n, k)
+  score = jnp.where(cand, score.reshape(b, n, k), sampling.NEG_INF)
+  if spec.rule == "threshold":
+    counts = block_counts(spec, state.decided)
+    before = jnp.concatenate([jnp.full((b, 1), k, jnp.int32), counts[:, :-1]], axis=1)
+    full = before >= state.limits.act_count  # [B, N]
+    above = cand & (prob.reshape(b, n, k) > state.limits.tau_conf)
+    best = jax.nn.one_hot(jnp.argmax(score, -1), k, dtype=jnp.bool_) & cand
+    fallback = full & ~jnp.any(above, -1)
+    commit = above | (best & fallback[..., None])
+  elif spec.rule == "count":
+    s = spec.steps_per_block
+    quota = k // s + (state.block_steps < k % s).astype(jnp.int32)  # [B, N]
+    commit = sampling.top_k_mask(score.reshape(b * n, k), quota.reshape(b * n))
+    commit = commit.reshape(b, n, k) & cand
+  else:
+    raise ValueError(f"Unknown commit rule {spec.rule!r}; use one of {COMMIT_RULES}.")
+  return commit.reshape(b, spec.gen_length)
+
+
+def apply_commits(spec: D2FSpec, state: D2FState, commit: Array, x0: Array) -> D2FState:
+  """Writes committed tokens and moves the block cursors after one forward.
+
+  The forward wrote blocks [cached, ready) into the cache, so `cached` becomes `ready`;
+  `ready` then advances over every block that is now fully decided (a chain of them may
+  become final at once, as in the reference's front-to-back scan).
+  """
+  b, k, n = state.decided.shape[0], spec.block_size, spec.num_blocks
+  live = ~state.done
+  response = jnp.where(commit, x0, state.response)
+  decided = state.decided | commit
+  is_stop = jnp.zeros_like(commit)
+  for s in spec.stop_ids:
+    is_stop = is_stop | (x0 == s)
+  eos_seen = state.eos_seen | jnp.any(commit & is_stop, axis=1)
+
+  block = jnp.arange(n, dtype=jnp.int32)[None]
+  had_work = jnp.any((~state.decided).reshape(b, n, k), -1) & (
+      block >= state.ready[:, None]) & (block < state.n_blocks[:, None]) & live[:, None]
+  finished = block_counts(spec, decided) == k
+  first_open = jnp.min(jnp.where((block >= state.ready[:, None]) & ~finished, block, n), 1)
+  ready = jnp.where(live, jnp.minimum(first_open, state.n_blocks), state.ready)
+  return state.replace(
+      response=response, decided=decided, eos_seen=eos_seen,
+      cached=jnp.where(live, state.ready, state.cached), ready=ready,
+      block_steps=state.block_steps + had_work.astype(jnp.int32),
+      forwards=state.forwards + live.astype(jnp.int32), steps=state.steps + 1)
