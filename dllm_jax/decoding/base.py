@@ -9,12 +9,14 @@ That makes a batched decode give each row exactly its one-prompt result.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import flax.struct
 import jax.numpy as jnp
 import numpy as np
 
+from dllm_jax.models import masks
 from dllm_jax.models.config import ModelConfig
 
 Array = jnp.ndarray
@@ -142,3 +144,34 @@ def first_stop_decided(response: Array, decided: Array, stops: tuple[int, ...]) 
   first = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), g)
   before = jnp.arange(g)[None, :] < first[:, None]
   return jnp.any(is_stop, axis=1) & jnp.all(decided | ~before, axis=1)
+
+
+def init_canvas(tokens: Array, valid: Array | None, gen_length: int, fill_id: int):
+  """Appends G `fill_id` slots to a left-padded prompt batch.
+
+  Returns ([B, P+G] int32 canvas, [B, P+G] bool valid, [B, P+G] int32 RoPE positions);
+  the response slots are valid and continue each row's positions after its last real token.
+  """
+  b, p = tokens.shape
+  valid = jnp.ones((b, p), bool) if valid is None else jnp.asarray(valid, bool)
+  canvas = jnp.concatenate(
+      [jnp.asarray(tokens, jnp.int32), jnp.full((b, gen_length), fill_id, jnp.int32)], axis=1)
+  canvas_valid = jnp.concatenate([valid, jnp.ones((b, gen_length), bool)], axis=1)
+  return canvas, canvas_valid, masks.left_pad_positions(canvas_valid)
+
+
+def output_pad_id(cfg: ModelConfig) -> int:
+  """The id written after a response's first stop: pad, else EOS, else 0."""
+  for i in (cfg.pad_token_id, cfg.eos_token_id):
+    if i is not None:
+      return i
+  return 0
+
+
+def make_options(cls, options: dict):
+  """Builds a frozen options dataclass; unknown names raise a ValueError listing valid ones."""
+  names = [f.name for f in dataclasses.fields(cls)]
+  unknown = sorted(set(options) - set(names))
+  if unknown:
+    raise ValueError(f"Unknown option(s) {unknown} for {cls.__name__}; valid options: {names}.")
+  return cls(**options)

@@ -130,3 +130,10 @@ def factor_mask(conf: Array, candidates: Array, factor: float) -> Array:
   count = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=-1), axis=-1)
   count = jnp.maximum(count, jnp.any(candidates, axis=-1).astype(jnp.int32))
   return top_k_mask(conf, count)
+
+
+def row_keys(rng: Array, step, batch: int) -> Array:
+  """[B] keys `fold_in(fold_in(rng, step), row)`: a row's randomness depends only on its own
+  index, so padding a batch (e.g. to split it over devices) never changes the other rows."""
+  step_key = jax.random.fold_in(rng, step)
+  return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(jnp.arange(batch))

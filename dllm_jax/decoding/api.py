@@ -1,0 +1,159 @@
+"""`generate`: one entry point for every decoder, on one device or a mesh.
+
+Shape legend: B batch, P padded prompt length, G gen_length.
+
+    out = generate(params, cfg, [[1, 5, 6], [1, 7]], method="fast_dllm", gen_length=64,
+                   block_length=16, cache="dual")
+    out.tokens  # [B, G], cut after each row's first EOS
+
+Options are checked against the method's options dataclass (or, for decoders living in other
+modules, against the decoder's keyword-only parameters): a misspelt option is an error, never
+silently ignored.
+
+With `mesh=`, the batch is split over the mesh's data axes (rows are padded to a multiple of
+the data-parallel size by repeating the last row, then dropped) and the parameters are placed
+by `parallel.mesh.param_shardings` (tensor / fsdp axes). The same jitted decoder then runs as
+one SPMD program; rows are independent and each row's random keys depend only on its index,
+so the tokens equal single-device decoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from dllm_jax.decoding import ar, base, fast_dllm, llada
+from dllm_jax.models.config import ModelConfig
+from dllm_jax.models.transformer import abstract_params
+from dllm_jax.parallel import mesh as mesh_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """Where a decoder lives: module, function name and (if any) its options dataclass."""
+  module: str
+  function: str
+  options: type | None = None
+
+
+METHODS: dict[str, Method] = {
+    "ar": Method("dllm_jax.decoding.ar", "ar_generate", ar.AROptions),
+    "llada": Method("dllm_jax.decoding.llada", "llada_generate", llada.LLaDAOptions),
+    "dream": Method("dllm_jax.decoding.llada", "dream_generate", llada.LLaDAOptions),
+    "fast_dllm": Method("dllm_jax.decoding.fast_dllm", "fast_dllm_generate",
+                        fast_dllm.FastDLLMOptions),
+    # Imported when first used, so this module works before/without them.
+    "d2f": Method("dllm_jax.decoding.d2f", "d2f_generate"),
+    "block_diffusion": Method("dllm_jax.decoding.d2f", "block_diffusion_generate"),
+}
+
+
+def resolve(method: str):
+  """Returns the decoder function of `method` (importing its module on first use)."""
+  if method not in METHODS:
+    raise ValueError(f"Unknown decoding method {method!r}; use one of {sorted(METHODS)}.")
+  entry = METHODS[method]
+  try:
+    module = importlib.import_module(entry.module)
+  except ModuleNotFoundError as e:
+    if e.name != entry.module:
+      raise
+    raise ValueError(f"method {method!r} needs {entry.module}, which is not installed in this "
+                     "checkout.") from None
+  return getattr(module, entry.function)
+
+
+def option_names(method: str) -> list[str]:
+  """The options `method` accepts (its dataclass fields or keyword-only parameters)."""
+  entry = METHODS[method]
+  if entry.options is not None:
+    return [f.name for f in dataclasses.fields(entry.options)]
+  params = inspect.signature(resolve(method)).parameters.values()
+  return [p.name for p in params
+          if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _NOT_OPTIONS]
+
+
+# Keywords `generate` owns itself (placement) or that would change its return type.
+_NOT_OPTIONS = ("mesh", "rules", "return_state")
+
+
+def check_options(method: str, options: dict) -> None:
+  """Raises ValueError naming unknown options and listing the valid ones."""
+  valid = option_names(method)
+  unknown = sorted(set(options) - set(valid))
+  if unknown:
+    raise ValueError(f"Unknown option(s) {unknown} for method {method!r}; valid options: "
+                     f"{sorted(valid)}.")
+
+
+def as_prompt_batch(cfg: ModelConfig, prompts):
+  """A list of token lists, or a ([B, P] tokens, [B, P] valid) pair -> (tokens, valid)."""
+  if isinstance(prompts, tuple) and len(prompts) == 2 and np.ndim(prompts[0]) == 2:
+    tokens, valid = prompts
+    return np.asarray(tokens, np.int32), np.asarray(valid, bool)
+  rows = None
+  if isinstance(prompts, Sequence) and not isinstance(prompts, str) and prompts:
+    rows = [np.asarray(p) for p in prompts]
+    if not all(r.ndim == 1 and (r.size == 0 or np.issubdtype(r.dtype, np.integer))
+               for r in rows):
+      rows = None
+  if rows is not None:
+    tokens, valid = base.pad_prompts([r.tolist() for r in rows], base.output_pad_id(cfg))
+    return np.asarray(tokens), np.asarray(valid)
+  raise ValueError("prompts must be a non-empty list of token-id lists or a (tokens [B, P], "
+                   "valid [B, P]) pair; use dllm_jax.decoding.pad_prompts for the latter.")
+
+
+def generate(params, cfg: ModelConfig, prompts, *, method: str = "llada", rng=None, mesh=None,
+             rules=None, **options) -> base.DecodeOutput:
+  """Decodes a prompt batch with `method` and returns a `base.DecodeOutput`.
+
+  Args:
+    params: model parameters.
+    cfg: the model config.
+    prompts: list of token-id lists (left padded here) or a (tokens, valid) pair.
+    method: one of METHODS: "ar", "llada", "dream", "fast_dllm", "d2f", "block_diffusion".
+    rng: PRNG key for sampling (default key 0).
+    mesh: optional `jax.sharding.Mesh` (see parallel.mesh.make_mesh) to decode on.
+    rules: logical-axis rules for the mesh (default parallel.mesh.DEFAULT_RULES).
+    **options: the method's options (e.g. gen_length, block_length, steps, threshold).
+  """
+  fn = resolve(method)
+  check_options(method, options)
+  tokens, valid = as_prompt_batch(cfg, prompts)
+  rng = jax.random.key(0) if rng is None else rng
+  if mesh is None:
+    return fn(params, cfg, tokens, valid, rng, **options)
+  return _generate_on_mesh(fn, params, cfg, tokens, valid, rng, mesh,
+                           mesh_lib.rules_from_config(rules), options)
+
+
+def _generate_on_mesh(fn, params, cfg, tokens, valid, rng, mesh, rules, options):
+  """Places params / batch on `mesh` and runs `fn` as one SPMD program."""
+  b = tokens.shape[0]
+  dp = mesh_lib.data_parallel_size(mesh, rules)
+  extra = -b % dp
+  if extra:  # Repeat the last row: it finishes with it, so it never lengthens the loop.
+    tokens = np.concatenate([tokens, np.repeat(tokens[-1:], extra, 0)])
+    valid = np.concatenate([valid, np.repeat(valid[-1:], extra, 0)])
+  if "mesh" in inspect.signature(fn).parameters:  # the decoder places its inputs itself
+    return _take_rows(fn(params, cfg, tokens, valid, rng, mesh=mesh, rules=rules, **options), b)
+  shardings = mesh_lib.param_shardings(abstract_params(cfg), mesh, rules)
+  params = jax.device_put(params, shardings)
+  batch = mesh_lib.batch_sharding(mesh, 2, rules)
+  tokens, valid = jax.device_put(tokens, batch), jax.device_put(valid, batch)
+  rng = jax.device_put(rng, mesh_lib.replicated(mesh))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    out = fn(params, cfg, tokens, valid, rng, **options)
+  return _take_rows(out, b)
+
+
+def _take_rows(out: base.DecodeOutput, b: int) -> base.DecodeOutput:
+  return out.replace(tokens=out.tokens[:b], lengths=out.lengths[:b],
+                     committed=out.committed[:b], done=out.done[:b])

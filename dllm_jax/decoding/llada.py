@@ -1,0 +1,290 @@
+"""LLaDA / Dream masked-diffusion sampling: full-canvas forwards, semi-autoregressive blocks.
+
+Shape legend: B batch, P padded prompt length, G gen_length, T = P + G canvas, V vocab,
+N = G // block_length blocks, S = steps.
+
+The canvas is `prompt | G x [MASK]`. Step i of S works on block i // (S / N): one
+bidirectional forward over the whole canvas (no cache) proposes a token and a confidence for
+each masked slot of the current block (later blocks never compete), and each row commits its
+`k_i` most confident proposals. Within a block of m masks and s steps, step j commits m // s
+tokens plus one for the first m % s steps (LLaDA's schedule, precomputed statically). The
+Gumbel-max proposal runs in float32 (the reference uses float64 noise).
+
+Remasking (the confidence that orders commits): LLaDA `low_confidence` (probability of the
+proposal) and `random`; Dream `maskgit_plus` (= probability), `topk_margin`, `entropy` and
+`origin` (= random). `alg_temp` > 0 samples the order (Gumbel-top-k) instead of taking the top.
+Confidences always come from the unscaled guided logits, as in LLaDA (Dream scores the
+temperature-scaled distribution; both agree at temperature 0). The count per step is LLaDA's
+even schedule, also for Dream's orderings.
+
+NFE counts model calls: a CFG step runs the conditional and the prompt-masked copy as one
+batched call of 2B rows and counts once (the `DecodeOutput.nfe` convention); its compute per
+NFE is that of a 2B batch.
+
+Early stop: a row freezes once its first stop token (EOS/EoT) and everything before it are
+decided. That cannot change its output: the decided prefix never changes again, nothing can
+be committed before the stop, and everything after it is cut. Rows never interact (their
+forwards and random keys are per row), so freezing one cannot change another. The loop exits
+when every row is done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_jax.decoding import base, sampling
+from dllm_jax.models.config import ModelConfig
+from dllm_jax.models.transformer import Transformer
+
+Array = jnp.ndarray
+
+# remasking name -> sampling.confidence kind.
+REMASKING = {
+    "low_confidence": "probability", "random": "random",                  # LLaDA
+    "maskgit_plus": "probability", "topk_margin": "margin",               # Dream
+    "entropy": "entropy", "origin": "random",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LLaDAOptions:
+  """Static decoding options (hashable: a jit static argument).
+
+  Attributes:
+    gen_length: G response slots.
+    block_length: slots per semi-autoregressive block (default G: one block).
+    steps: forward passes in total, split evenly over blocks (default G: one token per step).
+    remasking: one of REMASKING.
+    temperature: Gumbel-max temperature of the token proposal (0 = argmax).
+    alg_temp: Dream's order temperature (0 = commit the most confident).
+    cfg_scale: classifier-free guidance, `un + (scale + 1) * (cond - un)` (0 = off).
+    logits_eos_inf: EOS is never proposed (its logit is -inf).
+    confidence_eos_eot_inf: slots proposing EOS/EoT are committed after every other
+      candidate of the block (their confidence ranks below all others), at any temperature.
+    early_stop: freeze rows whose answer is final and exit when all rows are (see module doc).
+  """
+  gen_length: int = 128
+  block_length: int | None = None
+  steps: int | None = None
+  remasking: str = "low_confidence"
+  temperature: float = 0.0
+  alg_temp: float = 0.0
+  cfg_scale: float = 0.0
+  logits_eos_inf: bool = False
+  confidence_eos_eot_inf: bool = False
+  early_stop: bool = True
+
+  def __post_init__(self):
+    g = self.gen_length
+    if not isinstance(g, (int, np.integer)) or g <= 0:
+      raise ValueError(f"gen_length must be a positive int, got {g!r}.")
+    if self.block_length is None:
+      object.__setattr__(self, "block_length", g)
+    if self.steps is None:
+      object.__setattr__(self, "steps", g)
+    bl, s = self.block_length, self.steps
+    if bl <= 0 or g % bl:
+      raise ValueError(f"gen_length={g} must be a positive multiple of block_length={bl}; "
+                       "pick a block_length that divides gen_length.")
+    n = g // bl
+    if not (n <= s <= g and s % n == 0):
+      raise ValueError(
+          f"steps={s} must be a multiple of the number of blocks ({n} = gen_length / "
+          f"block_length) between {n} and gen_length={g}.")
+    if self.remasking not in REMASKING:
+      raise ValueError(f"Unknown remasking {self.remasking!r}; use one of {tuple(REMASKING)}.")
+    for name in ("temperature", "alg_temp", "cfg_scale"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+
+  @property
+  def num_blocks(self) -> int:
+    return self.gen_length // self.block_length
+
+  @property
+  def steps_per_block(self) -> int:
+    return self.steps // self.num_blocks
+
+
+def transfer_schedule(block_length: int, steps_per_block: int, num_blocks: int) -> np.ndarray:
+  """[S] tokens committed per step: m // s, plus one for the first m % s steps of a block."""
+  base_count, extra = divmod(block_length, steps_per_block)
+  per_block = base_count + (np.arange(steps_per_block) < extra)
+  return np.tile(per_block, num_blocks).astype(np.int32)
+
+
+@flax.struct.dataclass
+class LLaDAState:
+  """Loop carry. canvas/valid/positions [B, T]; committed/done [B]; step/nfe []."""
+  canvas: Array
+  valid: Array
+  positions: Array
+  step: Array
+  nfe: Array
+  committed: Array
+  done: Array
+  rng: Array
+
+
+def bidirectional_logits(params, cfg: ModelConfig, canvas, valid, positions) -> Array:
+  """[B, T] canvas -> [B, T, V] logits with full (bidirectional) attention over real tokens."""
+  return Transformer(cfg).apply({"params": params}, canvas, block_ids=jnp.zeros_like(canvas),
+                                positions=positions, valid=valid)
+
+
+def forbidden_ids(cfg: ModelConfig, opts: LLaDAOptions) -> tuple[int, ...]:
+  ids = (cfg.mask_token_id,)
+  return ids + (cfg.eos_token_id,) if opts.logits_eos_inf else ids
+
+
+def check(cfg: ModelConfig, tokens, valid, opts: LLaDAOptions) -> None:
+  """Validates a prompt batch against the options (before anything is compiled)."""
+  base.check_prompts(cfg, tokens, valid, opts.gen_length)
+  if opts.logits_eos_inf and cfg.eos_token_id is None:
+    raise ValueError(f"logits_eos_inf needs an EOS id but config {cfg.name!r} has none.")
+
+
+def init_state(params, cfg: ModelConfig, opts: LLaDAOptions, tokens, valid,
+               rng) -> LLaDAState:
+  """The all-masked canvas (no forward yet; `params` is unused, kept for a uniform API)."""
+  del params
+  canvas, cvalid, positions = base.init_canvas(tokens, valid, opts.gen_length, cfg.mask_token_id)
+  b = tokens.shape[0]
+  zero = lambda: jnp.zeros((), jnp.int32)  # distinct buffers: the state may be donated
+  return LLaDAState(canvas=canvas, valid=cvalid, positions=positions, step=zero(), nfe=zero(),
+                    committed=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), rng=rng)
+
+
+def _guided_logits(params, cfg, opts, state: LLaDAState) -> Array:
+  """Model logits, with CFG as one batched call of [conditional; prompt masked]."""
+  if opts.cfg_scale == 0.0:
+    return bidirectional_logits(params, cfg, state.canvas, state.valid, state.positions)
+  p = state.canvas.shape[1] - opts.gen_length
+  in_prompt = (jnp.arange(state.canvas.shape[1]) < p)[None, :] & state.valid
+  uncond = jnp.where(in_prompt, cfg.mask_token_id, state.canvas)
+  both = bidirectional_logits(
+      params, cfg, jnp.concatenate([state.canvas, uncond]),
+      jnp.concatenate([state.valid, state.valid]),
+      jnp.concatenate([state.positions, state.positions]))
+  cond, un = jnp.split(both, 2)
+  return un + (opts.cfg_scale + 1.0) * (cond - un)
+
+
+def select_ranked(scores: Array, candidates: Array, k: Array, order_temp: float, keys: Array,
+                  demoted: Array | None = None) -> Array:
+  """Each row commits its k[b] best candidates; demoted candidates rank below all others.
+
+  [B, W] scores / candidates / demoted, [B] k, [B] keys -> [B, W] bool. `order_temp` > 0
+  samples the order per row (Gumbel-top-k, `sampling.sample_order_mask`).
+  """
+  def pick(s, mask, count, key):
+    return sampling.sample_order_mask(jnp.where(mask, s, sampling.NEG_INF)[None],
+                                      count[None], order_temp, key)[0]
+  if demoted is None:
+    return jax.vmap(pick)(scores, candidates, k, keys)
+
+  def two_tiers(s, c, d, kk, key):
+    first = pick(s, c & ~d, kk, key)
+    return first | pick(s, c & d, kk - jnp.sum(first), key)
+  return jax.vmap(two_tiers)(scores, candidates, demoted, k, keys)
+
+
+def response_view(cfg: ModelConfig, opts, state) -> tuple[Array, Array]:
+  """([B, G] response slots, [B, G] bool decided)."""
+  response = state.canvas[:, -opts.gen_length:]
+  return response, response != cfg.mask_token_id
+
+
+def row_done(cfg: ModelConfig, response: Array, decided: Array) -> Array:
+  """[B] the row's answer is final: its first stop is decided with all before it, or all is."""
+  return base.first_stop_decided(response, decided, base.stop_ids(cfg)) | jnp.all(decided, 1)
+
+
+def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLaDAState:
+  """One denoising step: forward, propose, score, commit the scheduled top-k per row."""
+  b, t = state.canvas.shape
+  bl = opts.block_length
+  start = t - opts.gen_length + (state.step // opts.steps_per_block) * bl
+  # Only the current block competes: propose and score its [B, b] slots.
+  logits = jax.lax.dynamic_slice_in_dim(_guided_logits(params, cfg, opts, state), start, bl, 1)
+  logits = sampling.forbid(logits, forbidden_ids(cfg, opts))
+  keys = jax.vmap(lambda k: jax.random.split(k, 3))(
+      sampling.row_keys(state.rng, state.step, b))                       # [B, 3]
+  x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, opts.temperature, k))(
+      logits, keys[:, 0])
+  kind = REMASKING[opts.remasking]
+  conf = jax.vmap(lambda lg, x, k: sampling.confidence(lg, x, kind, k))(logits, x0, keys[:, 1])
+
+  block = jax.lax.dynamic_slice_in_dim(state.canvas, start, bl, 1)
+  active = ~state.done if opts.early_stop else jnp.ones((b,), bool)
+  candidates = (block == cfg.mask_token_id) & active[:, None]
+  demoted = None
+  if opts.confidence_eos_eot_inf:
+    demoted = jnp.isin(x0, jnp.asarray(base.stop_ids(cfg), jnp.int32))
+  schedule = jnp.asarray(transfer_schedule(bl, opts.steps_per_block, opts.num_blocks))
+  k = jnp.broadcast_to(schedule[state.step], (b,))
+  commit = select_ranked(conf, candidates, k, opts.alg_temp, keys[:, 2], demoted)
+
+  canvas = jax.lax.dynamic_update_slice_in_dim(state.canvas, jnp.where(commit, x0, block),
+                                               start, 1)
+  new = state.replace(canvas=canvas, step=state.step + 1, nfe=state.nfe + 1,
+                      committed=state.committed + jnp.sum(commit, axis=1, dtype=jnp.int32))
+  return new.replace(done=row_done(cfg, *response_view(cfg, opts, new)))
+
+
+def running(opts: LLaDAOptions, state: LLaDAState) -> Array:
+  more = state.step < opts.steps
+  return more & ~jnp.all(state.done) if opts.early_stop else more
+
+
+def finish(cfg: ModelConfig, opts, state) -> base.DecodeOutput:
+  response, decided = response_view(cfg, opts, state)
+  tokens, lengths, _ = base.finalize(response, decided, base.stop_ids(cfg),
+                                     base.output_pad_id(cfg))
+  return base.DecodeOutput(tokens=tokens, lengths=lengths, nfe=state.nfe, steps=state.step,
+                           committed=state.committed, done=row_done(cfg, response, decided))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "opts"))
+def _generate(params, tokens, valid, rng, *, cfg, opts):
+  state = init_state(params, cfg, opts, tokens, valid, rng)
+  state = jax.lax.while_loop(functools.partial(running, opts),
+                             functools.partial(step, params, cfg, opts), state)
+  return finish(cfg, opts, state)
+
+
+jit_init_state = jax.jit(init_state, static_argnums=(1, 2))
+jit_step = jax.jit(step, static_argnums=(1, 2), donate_argnums=(3,))
+
+
+def llada_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None,
+                   **options) -> base.DecodeOutput:
+  """Masked-diffusion decoding of a left-padded prompt batch (one jitted while_loop).
+
+  Args:
+    params: model parameters.
+    cfg: the model config (needs mask_token_id).
+    prompt_tokens: [B, P] int left-padded prompts; prompt_valid: [B, P] bool (None: all real).
+    rng: PRNG key for temperature / random orders (default key 0).
+    **options: fields of `LLaDAOptions` (unknown names raise ValueError).
+  """
+  opts = base.make_options(LLaDAOptions, options)
+  check(cfg, prompt_tokens, prompt_valid, opts)
+  rng = jax.random.key(0) if rng is None else rng
+  valid = jnp.ones(np.shape(prompt_tokens), bool) if prompt_valid is None else prompt_valid
+  return _generate(params, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(valid, bool), rng,
+                   cfg=cfg, opts=opts)
+
+
+def dream_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None,
+                   **options) -> base.DecodeOutput:
+  """`llada_generate` with Dream's default ordering (`remasking="entropy"`)."""
+  return llada_generate(params, cfg, prompt_tokens, prompt_valid, rng,
+                        **{"remasking": "entropy", **options})
+
