@@ -1,0 +1,159 @@
+"""Honest accounting for the speed/quality study: what counts as a token, a forward, a hit.
+
+Rules (dllm-algorithms.md section 10):
+  * tokens/s counts generated **response** tokens only: no prompt, no EOS, nothing after the
+    first EOS, no padding rows added to fill the last batch;
+  * NFE (batched model forward passes) is reported beside tokens/s, per prompt and per token;
+  * accuracy is exact-match of the task's final answer on the decoded response;
+  * wall time excludes compilation (a warm-up call on the same shapes runs first) and includes
+    everything else the caller waits for (the loop, host transfer of the result).
+
+Shape legend: B batch rows, G response slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+
+@dataclasses.dataclass
+class MethodResult:
+  """Every figure of one (method, setting, batch size) cell of the study."""
+  method: str
+  label: str
+  setting: dict
+  batch_size: int
+  num_prompts: int
+  num_correct: int
+  response_tokens: int
+  wall_s: float
+  compile_s: float
+  nfe: int
+  loop_steps: int
+  per_task: dict = dataclasses.field(default_factory=dict)  # task -> [correct, total]
+
+  def task_accuracy(self, task: str) -> float:
+    correct, total = self.per_task.get(task, (0, 0))
+    return correct / total if total else float("nan")
+
+  @property
+  def accuracy(self) -> float:
+    return self.num_correct / max(self.num_prompts, 1)
+
+  @property
+  def tokens_per_s(self) -> float:
+    return self.response_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+  @property
+  def latency_per_prompt_s(self) -> float:
+    return self.wall_s / max(self.num_prompts, 1)
+
+  @property
+  def nfe_per_prompt(self) -> float:
+    """Forward passes per prompt; a batched forward serves all its rows."""
+    return self.nfe * self.batch_size / max(self.num_prompts, 1)
+
+  @property
+  def tokens_per_forward(self) -> float:
+    """Response tokens per forward pass per row (1.0 for AR, more for parallel decoders)."""
+    return self.response_tokens / max(self.nfe * self.batch_size, 1)
+
+  def to_json(self) -> dict:
+    out = dataclasses.asdict(self)
+    out.update(accuracy=self.accuracy, tokens_per_s=self.tokens_per_s,
+               latency_per_prompt_s=self.latency_per_prompt_s,
+               nfe_per_prompt=self.nfe_per_prompt, tokens_per_forward=self.tokens_per_forward)
+    return out
+
+
+class Tally:
+  """Accumulates batches of one cell; padding rows of a short final batch are excluded."""
+
+  def __init__(self, method: str, label: str, setting: dict, batch_size: int):
+    self.result = MethodResult(method, label, dict(setting), batch_size, 0, 0, 0, 0.0, 0.0, 0, 0)
+
+  def add(self, lengths: np.ndarray, correct: Sequence[bool], real_rows: int, wall_s: float,
+          nfe: int, steps: int, tasks: Sequence[str] = ()) -> None:
+    lengths = np.asarray(lengths)[:real_rows]
+    r = self.result
+    for task, hit in zip(tasks[:real_rows], correct[:real_rows]):
+      c, t = r.per_task.get(task, (0, 0))
+      r.per_task[task] = [c + int(hit), t + 1]
+    r.num_prompts += real_rows
+    r.num_correct += int(np.sum(np.asarray(correct, bool)[:real_rows]))
+    r.response_tokens += int(np.sum(lengths))
+    r.wall_s += float(wall_s)
+    r.nfe += int(nfe)
+    r.loop_steps += int(steps)
+
+
+def response_texts(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
+  """Decodes each row's response up to (not including) its first EOS."""
+  tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+  return [tokenizer.decode(tokens[i, :lengths[i]].tolist()) for i in range(tokens.shape[0])]
+
+
+def score(suite, examples, texts: Sequence[str]) -> list[bool]:
+  """Exact-match correctness of each response under its task's rule."""
+  if len(texts) < len(examples):
+    raise ValueError(f"{len(texts)} responses for {len(examples)} examples.")
+  return [bool(suite.score(t, ex)) for t, ex in zip(texts, examples)]
+
+
+def machine_info() -> dict:
+  """What the numbers were measured on."""
+  dev = jax.devices()[0]
+  return {
+      "platform": dev.platform,
+      "device_kind": dev.device_kind,
+      "device_count": jax.device_count(),
+      "jax_version": jax.__version__,
+      "cpu_count": os.cpu_count(),
+      "threads": int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)),
+      "python": platform.python_version(),
+      "machine": platform.machine(),
+      "processor": platform.processor() or platform.machine(),
+  }
+
+
+def results_json(results: Sequence[MethodResult], *, machine: dict, config: dict,
+                 extra: dict | None = None) -> dict:
+  """The study's JSON document (see `validate_json` for the schema)."""
+  return {"schema_version": SCHEMA_VERSION, "machine": machine, "config": config,
+          "results": [r.to_json() for r in results], **(extra or {})}
+
+
+_RESULT_FIELDS = {
+    "method": str, "label": str, "setting": dict, "batch_size": int, "num_prompts": int,
+    "num_correct": int, "response_tokens": int, "wall_s": float, "compile_s": float,
+    "nfe": int, "loop_steps": int, "accuracy": float, "tokens_per_s": float,
+    "latency_per_prompt_s": float, "nfe_per_prompt": float, "tokens_per_forward": float,
+    "per_task": dict,
+}
+
+
+def validate_json(doc: dict) -> None:
+  """Raises ValueError if `doc` is not a study document of the current schema."""
+  if doc.get("schema_version") != SCHEMA_VERSION:
+    raise ValueError(f"schema_version {doc.get('schema_version')} != {SCHEMA_VERSION}.")
+  for key in ("machine", "config", "results"):
+    if key not in doc:
+      raise ValueError(f"study JSON lacks {key!r}.")
+  for i, row in enumerate(doc["results"]):
+    for field, kind in _RESULT_FIELDS.items():
+      if field not in row:
+        raise ValueError(f"result {i} lacks {field!r}.")
+      value = row[field]
+      ok = isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+      if not ok or isinstance(value, bool):
+        raise ValueError(f"result {i} field {field!r} has type {type(value).__name__}.")
+    if not 0.0 <= row["accuracy"] <= 1.0:
+      raise ValueError(f"result {i} accuracy {row['accuracy']} outside [0, 1].")

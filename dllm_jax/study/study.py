@@ -1,0 +1,136 @@
+"""The speed-versus-quality study: AR, vanilla LLaDA, Fast-dLLM, D2F and block diffusion on the
+same held-out prompts, with accuracy, tokens/s, latency and NFE measured in one run.
+
+    result = run(get_config(), "runs/study")   # trains or loads, decodes, writes the report
+
+Outputs in `workdir`: `study.md` (table), `study.json` (every figure + machine + config),
+`study_pareto.png` (accuracy against tokens/s). The verdict on the published claims (D2F at
+>= 2.5x AR tokens/s within 2 points of AR accuracy on arithmetic; >= 10x vanilla LLaDA at the
+same generation length) is computed from every D2F setting, printed and stored; settings that
+miss are listed too.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import jax
+from tqdm.auto import tqdm
+
+from dllm_jax.data.sources import record_to_example
+from dllm_jax.decoding import api as decode_api
+from dllm_jax.study import accounting, models as models_lib, report, runner
+from dllm_jax.training import data as data_lib
+
+
+def _decoder(method: str, cfg, options: dict):
+  """(params, tokens, valid, rng) -> DecodeOutput, with the options checked up front."""
+  decode_api.check_options(method, options)
+
+  def decode(params, tokens, valid, rng):
+    return decode_api.generate(params, cfg, (tokens, valid), method=method, rng=rng, **options)
+  return decode
+
+
+def resolve_options(options: dict, gen_length: int) -> dict:
+  """Fills gen_length and turns `steps_fraction` (LLaDA) into a step count for this G."""
+  options = {"gen_length": gen_length, **options}
+  fraction = options.pop("steps_fraction", None)
+  if fraction is not None:
+    if not 0 < fraction <= 1:
+      raise ValueError(f"steps_fraction must be in (0, 1], got {fraction}.")
+    options["steps"] = max(1, int(round(options["gen_length"] * fraction)))
+  return options
+
+
+def held_out(study_config):
+  """(tokenizer, suite, layout, examples) shared by every model of the study."""
+  data_cfg = study_config.data
+  tok = data_lib.make_tokenizer(data_cfg)
+  suite = data_lib.make_suite(data_cfg)
+  layout = data_lib.make_layout(data_cfg, tok)
+  _, eval_source = data_lib.make_sources(data_cfg)
+  n = min(int(study_config.eval.num_prompts), len(eval_source))
+  examples = [record_to_example(eval_source[i]) for i in range(n)]
+  return tok, suite, layout, examples
+
+
+def verdict(results, *, task: str, ar_label: str = "ar", llada_label: str) -> dict:
+  """Checks the published claims on every D2F cell at batch 1 (nothing filtered away)."""
+  at1 = {r.label: r for r in results if r.batch_size == 1}
+  ar, llada = at1.get(ar_label), at1.get(llada_label)
+  rows = []
+  for r in results:
+    if r.batch_size != 1 or r.method != "d2f" or ar is None:
+      continue
+    gap = 100 * (ar.task_accuracy(task) - r.task_accuracy(task))
+    speed = r.tokens_per_s / ar.tokens_per_s if ar.tokens_per_s else float("nan")
+    vs_llada = (r.tokens_per_s / llada.tokens_per_s) if llada and llada.tokens_per_s else None
+    rows.append({"label": r.label, "speedup_vs_ar": speed, "accuracy_gap_points": gap,
+                 "speedup_vs_llada": vs_llada,
+                 "meets_ar_claim": bool(speed >= 2.5 and gap <= 2.0),
+                 "meets_llada_claim": bool(vs_llada is not None and vs_llada >= 10.0)})
+  return {"task": task, "ar": ar_label, "llada_vanilla": llada_label, "d2f_cells": rows,
+          "ar_claim_met_by": [x["label"] for x in rows if x["meets_ar_claim"]],
+          "llada_claim_met_by": [x["label"] for x in rows if x["meets_llada_claim"]]}
+
+
+def verdict_text(v: dict) -> str:
+  lines = [f"Claims checked at batch 1 on task {v['task']!r} "
+           f"(AR = {v['ar']!r}, vanilla LLaDA = {v['llada_vanilla']!r}):"]
+  for x in v["d2f_cells"]:
+    llada = (f"{x['speedup_vs_llada']:.1f}x vanilla LLaDA" if x["speedup_vs_llada"] is not None
+             else "no LLaDA cell")
+    lines.append(f"  {x['label']}: {x['speedup_vs_ar']:.2f}x AR tokens/s, accuracy "
+                 f"{-x['accuracy_gap_points']:+.1f} points vs AR, {llada}")
+  lines.append("  >= 2.5x AR within 2 points: " + (", ".join(v["ar_claim_met_by"]) or "NOT MET"))
+  lines.append("  >= 10x vanilla LLaDA:       " + (", ".join(v["llada_claim_met_by"]) or "NOT MET"))
+  return "\n".join(lines)
+
+
+def run(study_config, workdir, *, log=print) -> dict:
+  """Trains or loads the models, decodes every cell, writes table/JSON/plot; returns the JSON."""
+  workdir = Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  started = time.perf_counter()
+  trained = models_lib.ensure_models(study_config, workdir, log=log)
+  train_s = time.perf_counter() - started
+  tok, suite, layout, examples = held_out(study_config)
+  gen_length = layout.seq_len - layout.prompt_len
+  cells = [dict(c) for c in study_config.methods]
+  batch_sizes = [int(b) for b in study_config.eval.batch_sizes]
+  results = []
+  bar = tqdm(total=len(cells) * sum(-(-len(examples) // b) for b in batch_sizes),
+             desc="decoding", unit="batch")
+  for b in batch_sizes:
+    for cell in cells:
+      model = trained[cell["model"]]
+      options = resolve_options(dict(cell.get("options", {})), gen_length)
+      bar.set_postfix_str(f"{cell['label']} b={b}")
+      results.append(runner.run_cell(
+          _decoder(cell["method"], model.model_cfg, options), model.params, layout=layout,
+          suite=suite, examples=examples, batch_size=b, method=cell["method"],
+          label=cell["label"], setting={"model": cell["model"], **options}, prompt_len=
+          layout.prompt_len, seed=int(study_config.eval.seed), on_batch=lambda: bar.update(1)))
+  bar.close()
+
+  v = verdict(results, task=study_config.eval.headline_task,
+              llada_label=study_config.eval.llada_vanilla_label)
+  doc = accounting.results_json(
+      results, machine=accounting.machine_info(), config=json.loads(study_config.to_json()),
+      extra={"verdict": v, "gen_length": gen_length, "prompt_len": layout.prompt_len,
+             "num_prompts": len(examples), "train_or_load_s": train_s,
+             "total_s": time.perf_counter() - started})
+  accounting.validate_json(doc)
+  table = report.markdown_table(results, baseline="ar")
+  text = f"{table}\n\n{verdict_text(v)}\n"
+  (workdir / "study.md").write_text(text)
+  (workdir / "study.json").write_text(json.dumps(doc, indent=1))
+  report.pareto_plot(results, str(workdir / "study_pareto.png"),
+                     title=f"{len(examples)} held-out prompts, G={gen_length}")
+  log(text)
+  log(f"[study] wrote {workdir / 'study.md'}, study.json, study_pareto.png "
+      f"({doc['total_s']:.0f} s total, devices: {jax.devices()[0].device_kind})")
+  return doc

@@ -1,0 +1,129 @@
+"""The study's accounting (tokens, accuracy, JSON schema) and a seconds-long end-to-end run."""
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+from ml_collections import config_dict
+
+from dllm_jax.data.tasks import Example, TaskSuite
+from dllm_jax.data.tokenizers import CharTokenizer
+from dllm_jax.data.tasks import TASK_ALPHABET
+from dllm_jax.study import accounting, report, study
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_response_tokens_stop_at_eos_and_skip_padding_rows():
+  tally = accounting.Tally("d2f", "x", {}, batch_size=4)
+  # Two real rows, two rows repeated to fill the batch: only the first two count.
+  tally.add(lengths=np.array([3, 5, 7, 7]), correct=[True, False, True, True], real_rows=2,
+            wall_s=0.5, nfe=4, steps=4, tasks=["arithmetic", "sorting", "x", "x"])
+  r = tally.result
+  assert r.response_tokens == 8 and r.num_prompts == 2 and r.num_correct == 1
+  assert r.tokens_per_s == pytest.approx(16.0)
+  assert r.nfe_per_prompt == pytest.approx(4 * 4 / 2)  # a batched forward serves every row
+  assert r.tokens_per_forward == pytest.approx(8 / 16)
+  assert r.per_task == {"arithmetic": [1, 1], "sorting": [0, 1]}
+  assert r.task_accuracy("sorting") == 0.0 and np.isnan(r.task_accuracy("between"))
+
+
+def test_response_texts_cut_at_length_and_scoring():
+  tok = CharTokenizer(TASK_ALPHABET)
+  ids = np.array([tok.encode("85") + [tok.eos_id, tok.eos_id],
+                  tok.encode("8+1=9") + [tok.eos_id] * 0][:1] * 2)
+  texts = accounting.response_texts(tok, ids, np.array([2, 1]))
+  assert texts == ["85", "8"]
+  suite = TaskSuite.parse("arithmetic:1")
+  ex = Example("37+48=", "85", "85", "arithmetic")
+  assert accounting.score(suite, [ex, ex], texts) == [True, False]
+  assert accounting.score(suite, [ex], ["37+48=85"]) == [True]  # final answer after '='
+  with pytest.raises(ValueError, match="responses"):
+    accounting.score(suite, [ex, ex], ["85"])
+
+
+def _result(label, method, b, acc, tps):
+  r = accounting.MethodResult(method, label, {}, b, 10, int(10 * acc), int(tps), 1.0, 0.1,
+                              5, 5, {"arithmetic": [int(10 * acc), 10]})
+  return r
+
+
+def test_json_schema_and_validation():
+  rows = [_result("ar", "ar", 1, 0.9, 10), _result("d2f a", "d2f", 1, 0.8, 40)]
+  doc = accounting.results_json(rows, machine=accounting.machine_info(), config={"a": 1})
+  accounting.validate_json(json.loads(json.dumps(doc)))
+  broken = json.loads(json.dumps(doc))
+  del broken["results"][0]["tokens_per_s"]
+  with pytest.raises(ValueError, match="tokens_per_s"):
+    accounting.validate_json(broken)
+  broken = json.loads(json.dumps(doc))
+  broken["results"][1]["accuracy"] = 1.5
+  with pytest.raises(ValueError, match="accuracy"):
+    accounting.validate_json(broken)
+
+
+def test_verdict_reports_every_d2f_cell():
+  rows = [_result("ar", "ar", 1, 0.9, 10), _result("llada", "llada", 1, 0.9, 1),
+          _result("d2f fast", "d2f", 1, 0.6, 50), _result("d2f good", "d2f", 1, 0.9, 30),
+          _result("d2f b16", "d2f", 16, 0.9, 300)]
+  v = study.verdict(rows, task="arithmetic", llada_label="llada")
+  assert [x["label"] for x in v["d2f_cells"]] == ["d2f fast", "d2f good"]
+  assert v["ar_claim_met_by"] == ["d2f good"]          # fast one loses 30 points
+  assert v["llada_claim_met_by"] == ["d2f fast", "d2f good"]
+  assert "NOT MET" not in study.verdict_text(v)
+  front = report.pareto_front(rows)
+  assert {r.label for r in front} == {"d2f fast", "d2f good", "ar", "d2f b16"} - {"ar"}
+
+
+def test_resolve_options():
+  assert study.resolve_options({"steps_fraction": 0.5}, 16) == {"gen_length": 16, "steps": 8}
+  with pytest.raises(ValueError, match="steps_fraction"):
+    study.resolve_options({"steps_fraction": 0}, 16)
+
+
+def _micro_config():
+  spec = importlib.util.spec_from_file_location("study_cfg", os.path.join(ROOT, "configs",
+                                                                          "study.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = config_dict.ConfigDict(module.get_config().to_dict())
+  for name in ("ar", "mdm", "d2f"):
+    m = c.models[name]
+    m.train.steps, m.train.batch_size, m.train.log_every = 3, 8, 1
+    m.opt.warmup_steps = 1
+    m.model.d_model, m.model.n_layers, m.model.mlp_dim = 32, 1, 64
+    m.model.n_heads = m.model.n_kv_heads = 2
+  c.data.train_size, c.data.eval_size = 64, 16
+  c.eval.num_prompts = 3
+  c.eval.batch_sizes = (1, 2)
+  keep = {"ar", "llada steps=G", "llada steps=G/2", "fast-dllm tau=0.9 dual",
+          "d2f k=4 tau=0.9", "block diffusion k=4"}
+  c.methods = [m for m in c.methods if m["label"] in keep]
+  return c
+
+
+@pytest.mark.slow
+def test_micro_study_end_to_end(tmp_path):
+  doc = study.run(_micro_config(), tmp_path, log=lambda *_: None)
+  accounting.validate_json(doc)
+  for f in ("study.md", "study.json", "study_pareto.png"):
+    assert (tmp_path / f).stat().st_size > 0
+  assert len(doc["results"]) == 6 * 2
+  g = doc["gen_length"]
+  for row in doc["results"]:
+    assert row["num_prompts"] == 3
+    assert 0 <= row["response_tokens"] <= 3 * g
+    if row["label"] == "llada steps=G" and row["batch_size"] == 1:
+      # One token per step and no early exit before every slot is decided or EOS is final.
+      assert row["nfe"] <= 3 * g
+  # Deterministic decoders give the same answers at batch 1 and batch 2.
+  by = {(r["label"], r["batch_size"]): r for r in doc["results"]}
+  for label in {r["label"] for r in doc["results"]}:
+    assert by[(label, 1)]["num_correct"] == by[(label, 2)]["num_correct"], label
+    assert by[(label, 1)]["response_tokens"] == by[(label, 2)]["response_tokens"], label
+  # Second run loads the cached models instead of training.
+  logs = []
+  study.run(_micro_config(), tmp_path, log=logs.append)
+  assert any("cached model" in line for line in logs)
