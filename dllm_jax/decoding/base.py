@@ -113,6 +113,16 @@ def stop_ids(cfg: ModelConfig, *, include_eot: bool = True) -> tuple[int, ...]:
   return tuple(sorted({i for i in ids if i is not None}))
 
 
+def _first_stop(response: Array, decided: Array, stops: tuple[int, ...]):
+  """([B] index of each row's first decided stop token, or G; [B] whether it has one)."""
+  is_stop = jnp.zeros(response.shape, bool)
+  for s in stops:
+    is_stop = is_stop | (response == s)
+  is_stop = is_stop & decided
+  found = jnp.any(is_stop, axis=1)
+  return jnp.where(found, jnp.argmax(is_stop, axis=1), response.shape[1]), found
+
+
 def finalize(response: Array, decided: Array, stops: tuple[int, ...], pad_id: int):
   """Cuts each row at its first stop token.
 
@@ -123,28 +133,17 @@ def finalize(response: Array, decided: Array, stops: tuple[int, ...], pad_id: in
   Returns ([B, G] tokens padded after the first stop, [B] lengths before it,
            [B] bool whether a stop was decided).
   """
-  g = response.shape[1]
-  is_stop = jnp.zeros(response.shape, bool)
-  for s in stops:
-    is_stop = is_stop | (response == s)
-  is_stop = is_stop & decided
-  first = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), g)
-  keep = jnp.arange(g)[None, :] < first[:, None]
-  return jnp.where(keep, response, pad_id), first.astype(jnp.int32), jnp.any(is_stop, axis=1)
+  first, found = _first_stop(response, decided, stops)
+  keep = jnp.arange(response.shape[1])[None, :] < first[:, None]
+  return jnp.where(keep, response, pad_id), first.astype(jnp.int32), found
 
 
 def first_stop_decided(response: Array, decided: Array, stops: tuple[int, ...]) -> Array:
   """[B] bool: the row's response holds a decided stop token and every slot before the first
   decided stop is decided too (so the text up to EOS can no longer change)."""
-  g = response.shape[1]
-  is_stop = jnp.zeros(response.shape, bool)
-  for s in stops:
-    is_stop = is_stop | (response == s)
-  is_stop = is_stop & decided
-  first = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), g)
-  before = jnp.arange(g)[None, :] < first[:, None]
-  return jnp.any(is_stop, axis=1) & jnp.all(decided | ~before, axis=1)
-
+  first, found = _first_stop(response, decided, stops)
+  before = jnp.arange(response.shape[1])[None, :] < first[:, None]
+  return found & jnp.all(decided | ~before, axis=1)
 
 def init_canvas(tokens: Array, valid: Array | None, gen_length: int, fill_id: int):
   """Appends G `fill_id` slots to a left-padded prompt batch.
