@@ -16,7 +16,7 @@ import os
 from ml_collections import config_dict
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-BLOCK = 8  # answer canvas is rounded up to this; D2F trains with it
+BLOCK = 16  # the answer canvas is rounded up to this: G = 16 for every decoder
 
 
 def _load(name):
@@ -37,18 +37,20 @@ def _methods(full: bool):
       {"method": "ar", "label": "ar", "model": "ar", "options": {}},
       # Vanilla LLaDA: one token per step over the whole canvas, and cheaper step counts.
       {"method": "llada", "label": "llada steps=G", "model": "mdm",
+       "options": {"block_length": BLOCK, "early_stop": False}},
+      {"method": "llada", "label": "llada steps=G early-stop", "model": "mdm",
        "options": {"block_length": BLOCK}},
       {"method": "llada", "label": "llada steps=G/2", "model": "mdm",
        "options": {"block_length": BLOCK, "steps_fraction": 0.5}},
       {"method": "fast_dllm", "label": "fast-dllm tau=0.9", "model": "mdm",
-       "options": {"block_length": BLOCK, "threshold": 0.9, "cache": "none"}},
+       "options": {"block_length": BLOCK // 2, "threshold": 0.9, "cache": "none"}},
       {"method": "fast_dllm", "label": "fast-dllm tau=0.9 prefix", "model": "mdm",
-       "options": {"block_length": BLOCK, "threshold": 0.9, "cache": "prefix"}},
+       "options": {"block_length": BLOCK // 2, "threshold": 0.9, "cache": "prefix"}},
       {"method": "fast_dllm", "label": "fast-dllm tau=0.9 dual", "model": "mdm",
-       "options": {"block_length": BLOCK, "threshold": 0.9, "cache": "dual"}},
+       "options": {"block_length": BLOCK // 2, "threshold": 0.9, "cache": "dual"}},
       # D2F decoding on the undistilled MDM: what the distillation buys.
-      {"method": "d2f", "label": "d2f on mdm (no distill) k=4", "model": "mdm",
-       "options": {"block_size": 4, "tau_conf": 0.9}},
+      {"method": "d2f", "label": "d2f on mdm (no distill) k=8", "model": "mdm",
+       "options": {"block_size": 8, "tau_conf": 0.9}},
       {"method": "block_diffusion", "label": "block diffusion k=4", "model": "d2f",
        "options": {"block_size": 4, "steps_per_block": 4}},
   ] + d2f
@@ -66,7 +68,7 @@ def get_config(mode: str = ""):
 
   # One data section for all three models: same tasks, tokenizer, canvas and held-out split.
   c.data = config_dict.ConfigDict(c.models.mdm.data.to_dict())
-  c.data.tasks = "arithmetic:1,running_sum:1"
+  c.data.tasks = "arithmetic:1"
   c.data.block_size = BLOCK
   if full:
     c.data.tasks = "arithmetic:2,arithmetic:4,running_sum:2"

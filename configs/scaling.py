@@ -1,0 +1,46 @@
+"""Scaling mode of the speed study: decoder cost against G, batch and model width.
+
+  python experiments/scaling.py --config configs/scaling.py --workdir runs/scaling
+  python experiments/scaling.py --config configs/scaling.py:full --workdir runs/scaling_full
+
+Random-weight models without stop ids, every decoder at one token per forward; see
+`dllm_jax.study.scaling`. The default sweep fits a few minutes on a 2-core CPU: the width
+line runs at G=64, and cells whose estimated compute exceeds `max_cell_tflop` are skipped
+(and listed as skipped). `full` is the whole grid for an accelerator, with no cap.
+"""
+
+from ml_collections import config_dict
+
+DECODERS = ("ar", "llada", "fast_dllm_none", "fast_dllm_prefix", "fast_dllm_dual", "d2f",
+            "block_diffusion")
+
+
+def get_config(mode: str = "cpu"):
+  if mode not in ("cpu", "full"):
+    raise ValueError(f"Unknown scaling mode {mode!r}; use 'cpu' (default) or 'full'.")
+  full = mode == "full"
+  c = config_dict.ConfigDict()
+  c.mode = mode
+  c.seed = 0
+  c.vocab_size = 260               # byte-level vocabulary + specials
+  c.prompt_len = 16
+  c.decoders = DECODERS
+  c.block_length = 32              # Fast-dLLM blocks, D2F / block-diffusion block size k
+  c.d2f_max_active_blocks = 2      # D2F forwards a window of A * k (sometimes (A + 1) * k)
+  c.d2f_tau_add = 0.1
+  c.d2f_tau_act = 0.95
+  # Three sweep lines through (G, batch, width).
+  c.lengths = config_dict.ConfigDict({
+      "sweep": (64, 128, 256, 512, 1024) if full else (64, 256, 1024),
+      "batch": 1, "width": 256 if full else 64})
+  c.batches = config_dict.ConfigDict({
+      "sweep": (1, 4, 16, 64) if full else (1, 8), "gen_length": 256,
+      "width": 256 if full else 64})
+  c.widths = config_dict.ConfigDict({
+      "sweep": (64, 128, 256, 512, 768) if full else (64, 256, 768),  # 768: 92M params
+      "gen_length": 256 if full else 64, "batch": 1})
+  c.repeats = 5 if full else 3     # timed calls per cell (median), after a warm-up call
+  c.timing_budget_s = 5.0 if full else 1.0  # stop repeating once timed calls took this long
+  # Skip cells whose estimated compute per decode exceeds this many TFLOP (0: no cap).
+  c.max_cell_tflop = 0.0 if full else 0.5
+  return c

@@ -1,0 +1,28 @@
+"""Scaling mode of the speed study: a thin shell around `dllm_jax.study.scaling.run`.
+
+  python experiments/scaling.py --config configs/scaling.py --workdir runs/scaling
+  python experiments/scaling.py --config configs/scaling.py:full --workdir runs/scaling_full
+
+Writes scaling.json, scaling.md (also printed), cost_vs_length.png and breakeven_vs_width.png
+to --workdir. Any config key can be overridden, e.g. --config.max_cell_tflop=2.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from dllm_jax.study import scaling
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/scaling.py[:full]",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  scaling.run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)
