@@ -1,0 +1,78 @@
+"""Metric logs: one JSON object per line in `workdir/metrics.jsonl`, plus the console.
+
+Why JSONL and not TensorBoard events: clu's `metric_writers` imports TensorFlow at import
+time (its SummaryWriter is TF summaries), and TensorFlow is not part of this stack. A line
+`{"step": 100, "split": "train", "loss": 1.23, ...}` is read back by `read_metrics` (or pandas,
+or any plotting tool) with no dependency.
+
+On resume the log is cut back to the restored step, so it always describes one unbroken run.
+Only process 0 writes. Console lines go through `tqdm.write`, so they print above the
+progress bar; the absl log gets them too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+
+import jax
+import tqdm
+from absl import logging
+from etils import epath
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _clean(value):
+  value = float(value)
+  return value if math.isfinite(value) else str(value)  # JSON has no nan/inf
+
+
+class MetricWriter:
+  """Appends records to `workdir/metrics.jsonl` and logs them (process 0 only)."""
+
+  def __init__(self, workdir: str | os.PathLike, resume_step: int | None = None):
+    self.path = epath.Path(workdir) / METRICS_FILE
+    self.enabled = jax.process_index() == 0
+    if self.enabled:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      self._truncate(resume_step)
+
+  def _truncate(self, resume_step: int | None) -> None:
+    """Drops records written after `resume_step` (all of them for a fresh run)."""
+    if not self.path.exists():
+      return
+    if resume_step is None:
+      self.path.unlink()
+      return
+    keep = [line for line in self.path.read_text().splitlines()
+            if line.strip() and json.loads(line)["step"] <= resume_step]
+    self.path.write_text("".join(line + "\n" for line in keep))
+
+  def write(self, step: int, split: str, metrics: Mapping[str, float]) -> None:
+    if not self.enabled:
+      return
+    record = {"step": int(step), "split": split, **{k: _clean(v) for k, v in metrics.items()}}
+    with self.path.open("a") as f:
+      f.write(json.dumps(record) + "\n")
+    shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in record.items() if k not in ("step", "split"))
+    console(f"[{split}] step {step}: {shown}")
+
+
+def console(message: str) -> None:
+  """A line on the console (above the progress bar) and in the absl log, process 0 only."""
+  logging.info("%s", message)
+  if jax.process_index() == 0:
+    tqdm.tqdm.write(message)
+
+
+def read_metrics(workdir: str | os.PathLike, split: str | None = None) -> list[dict]:
+  """The records of a run, in order (optionally only one split)."""
+  path = epath.Path(workdir) / METRICS_FILE
+  if not path.exists():
+    return []
+  records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  return [r for r in records if split is None or r["split"] == split]

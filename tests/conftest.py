@@ -1,0 +1,87 @@
+"""Shared fixtures.
+
+`run_devices(code, devices=8)` runs a Python snippet in a fresh interpreter whose JAX sees
+`devices` fake CPU devices (XLA_FLAGS is read once, at import, so multi-device tests need
+their own process). It returns the snippet's stdout and fails the test with its stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_python(code: str, devices: int = 8, timeout: float = 600.0) -> str:
+  """Runs `code` with `devices` fake CPU devices; returns stdout, raises with stderr."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+  if proc.returncode:
+    raise AssertionError(f"subprocess exited with {proc.returncode}\n--- stdout ---\n"
+                         f"{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-6000:]}")
+  return proc.stdout
+
+
+@pytest.fixture
+def run_devices():
+  """The `run_python` helper (see the module docstring)."""
+  return run_python
+
+
+def tiny_training_config(objective: str = "ar", init_from: str | None = None, **options):
+  """A seconds-sized training config: tiny model, 2-digit addition, 1 CPU device.
+
+  `options` are the objective's; a D2F student (init_from = a run to distil) gets LoRA.
+  """
+  from dllm_jax.training import config as config_lib
+  c = config_lib.base_config()
+  c.model.preset = "tiny"
+  c.data.tasks = "arithmetic:1"
+  c.data.train_size, c.data.eval_size = 4096, 64
+  c.objective.name = objective
+  c.objective.options = options
+  if objective in ("block_diffusion", "d2f"):
+    c.data.block_size = options.get("block_size")
+  if objective == "d2f":
+    c.model.lora_rank, c.model.lora_alpha = 4, 4.0
+    c.opt.trainable = "lora"
+  c.train.init_from = init_from
+  c.opt.lr, c.opt.warmup_steps, c.opt.schedule = 1e-2, 2, "constant"  # HLO independent of steps
+  c.train.steps, c.train.batch_size = 6, 16
+  c.train.log_every, c.train.eval_every, c.train.eval_batches = 1, 0, 1
+  c.train.ckpt_every, c.train.keep = 2, 3
+  c.mesh.shape = {"data": 1}
+  return config_lib.finalize(c)
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+  """`tiny_training_config(objective="ar", **objective_options)` (a locked ConfigDict)."""
+  return tiny_training_config
+
+
+@pytest.fixture(scope="session")
+def _compile_cache_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("xla_cache"))
+
+
+@pytest.fixture(scope="module")
+def compile_cache(_compile_cache_dir):
+  """Persistent XLA compilation cache while a module runs (use via `usefixtures`): a step
+  compiled again, e.g. by a resumed run, loads from disk instead of recompiling."""
+  import jax
+  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+           "jax_persistent_cache_min_entry_size_bytes")
+  saved = {n: getattr(jax.config, n) for n in names}
+  for name, value in zip(names, (_compile_cache_dir, 0, 0)):
+    jax.config.update(name, value)
+  yield _compile_cache_dir
+  for name, value in saved.items():
+    jax.config.update(name, value)

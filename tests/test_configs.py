@@ -1,0 +1,107 @@
+"""Every experiment config loads, is locked, and builds its train state abstractly.
+
+The state (params + optimizer moments) is traced with `jax.eval_shape` and sharded over an
+abstract mesh of the config's shape, so even the 8B config costs no memory.
+"""
+
+import glob
+import importlib.util
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from dllm_jax.parallel import mesh as mesh_lib
+from dllm_jax.training import config as config_lib
+from dllm_jax.training import experiment
+from dllm_jax.training import optimizer as opt_lib
+from dllm_jax.training import state as state_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+
+def _is_training_config(path):
+  """Training experiments build on `config_lib.base_config()` (other configs/ files, e.g. the
+  study's, configure other entry points)."""
+  with open(path) as f:
+    return "config_lib.base_config()" in f.read()
+
+
+CONFIGS = sorted(p for p in glob.glob(os.path.join(REPO, "configs", "*.py"))
+                 if _is_training_config(p))
+ABSTRACT_DEVICES = 8  # a mesh axis of -1 takes this many devices
+
+
+def load(path):
+  spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def abstract_mesh(shape):
+  sizes = {a: int(shape.get(a, 1)) for a in mesh_lib.MESH_AXES}
+  fixed = int(np.prod([s for s in sizes.values() if s != -1]))
+  sizes = {a: (ABSTRACT_DEVICES // fixed if s == -1 else s) for a, s in sizes.items()}
+  return jax.sharding.AbstractMesh(tuple(sizes.values()), tuple(sizes))
+
+
+def test_the_expected_configs_exist():
+  names = {os.path.basename(p)[:-3] for p in CONFIGS}
+  assert {"ar_tiny", "mdm_tiny", "block_diffusion_tiny", "d2f_tiny", "llada_8b_d2f",
+          "ar_100m", "mdm_100m"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.basename(p)[:-3])
+def test_config_builds_abstract_state(path):
+  config = load(path)
+  with pytest.raises(AttributeError, match="stpes"):
+    config.train.stpes = 10  # locked: a typo is an error, not a new key
+  model_cfg = config_lib.model_config(config)
+  tx = opt_lib.make_optimizer(config.opt, int(config.train.steps))
+  boxed = state_lib.abstract_state(model_cfg, tx, config.opt.trainable)
+  mesh = abstract_mesh(dict(config.mesh.shape))
+  shardings = state_lib.state_shardings(boxed, mesh, mesh_lib.rules_from_config(config.mesh.rules))
+  assert jax.tree.structure(shardings) == jax.tree.structure(nn.unbox(boxed))
+
+  params = traverse_util.flatten_dict(nn.unbox(boxed.params))
+  base = sum(int(np.prod(v.shape)) for k, v in params.items() if not k[-1].startswith("lora"))
+  assert base == model_cfg.num_params()
+  moments = traverse_util.flatten_dict(boxed.opt_state[1][0].mu)
+  trained, _ = opt_lib.partition(nn.unbox(boxed.params), config.opt.trainable)
+  assert set(moments) == set(traverse_util.flatten_dict(trained))  # frozen: no state
+  if config.objective.name == "d2f":
+    assert {k[-1] for k in moments} == {"lora_a", "lora_b"}
+  if config.data.tokenizer in config_lib.TOKENIZERS:  # buildable offline: check it all
+    with config.unlocked():
+      config.mesh.shape = {"data": 1, "fsdp": 1, "tensor": 1}
+    exp = experiment.build(config, devices=jax.devices()[:1])  # data, objective, decoder
+    assert exp.layout.seq_len <= model_cfg.max_seq_len
+
+
+def test_llada_d2f_recipe():
+  config = load(os.path.join(REPO, "configs", "llada_8b_d2f.py"))
+  model_cfg = config_lib.model_config(config)
+  assert 7.9e9 < model_cfg.num_params() < 8.1e9
+  assert (model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.lora_dropout) == (32, 32.0, 0.1)
+  assert config.objective.options.block_size == config.data.block_size == 16
+  o = config.opt
+  assert (o.b1, o.b2, o.weight_decay, o.lr, o.clip_norm) == (0.9, 0.95, 0.05, 1e-5, 1.0)
+
+
+def test_command_line_typo_is_an_error(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, os.path.join(REPO, "experiments", "train.py"),
+       "--config", os.path.join(REPO, "configs", "ar_tiny.py"), "--config.train.stpes=3",
+       "--workdir", str(tmp_path / "run")],
+      cwd=REPO, capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode != 0
+  assert 'Did you mean "steps"' in proc.stderr
+  assert not (tmp_path / "run").exists()
