@@ -105,8 +105,10 @@ def _micro_config():
 
 
 @pytest.mark.slow
-def test_micro_study_end_to_end(tmp_path):
-  doc = study.run(_micro_config(), tmp_path, log=lambda *_: None)
+def test_micro_study_end_to_end(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # a relative workdir, as the README command passes
+  doc = study.run(_micro_config(), "study", log=lambda *_: None)
+  tmp_path = tmp_path / "study"
   accounting.validate_json(doc)
   for f in ("study.md", "study.json", "study_pareto.png"):
     assert (tmp_path / f).stat().st_size > 0
@@ -125,5 +127,5 @@ def test_micro_study_end_to_end(tmp_path):
     assert by[(label, 1)]["response_tokens"] == by[(label, 2)]["response_tokens"], label
   # Second run loads the cached models instead of training.
   logs = []
-  study.run(_micro_config(), tmp_path, log=logs.append)
+  study.run(_micro_config(), "study", log=logs.append)
   assert any("cached model" in line for line in logs)

@@ -45,7 +45,8 @@ class CheckpointError(RuntimeError):
 
 
 def checkpoint_dir(workdir: str | os.PathLike) -> epath.Path:
-  return epath.Path(workdir) / CHECKPOINT_DIR
+  # orbax refuses relative paths; accept them from users and CLIs.
+  return epath.Path(os.path.abspath(workdir)) / CHECKPOINT_DIR
 
 
 def _gather_data_states(local_state: Mapping[str, int]) -> list[dict[str, int]]:
@@ -162,7 +163,7 @@ def read_config(workdir: str | os.PathLike) -> str | None:
 
 def resolve_run(path: str | os.PathLike, step: int | None = None) -> tuple[epath.Path, int | None]:
   """Accepts a workdir, its `checkpoints/` dir or one `checkpoints/<step>` dir."""
-  path = epath.Path(path)
+  path = epath.Path(os.path.abspath(path))
   if not path.exists():
     raise CheckpointError(f"checkpoint path {path} does not exist.")
   if path.name.isdigit() and path.parent.name == CHECKPOINT_DIR:

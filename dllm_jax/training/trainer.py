@@ -189,7 +189,7 @@ def train(config, workdir: str | os.PathLike, *,
   """
   exp = exp_lib.build(config)
   t = config.train
-  workdir = epath.Path(workdir)
+  workdir = epath.Path(os.path.abspath(workdir))  # orbax needs absolute paths
   ckpt = ckpt_lib.Checkpointer(workdir, keep=int(t.keep), async_save=bool(t.async_checkpoints))
   try:
     resume_step = _prepare_workdir(workdir, config, ckpt)
