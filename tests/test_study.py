@@ -36,6 +36,10 @@ def test_response_texts_cut_at_length_and_scoring():
                   tok.encode("8+1=9") + [tok.eos_id] * 0][:1] * 2)
   texts = accounting.response_texts(tok, ids, np.array([2, 1]))
   assert texts == ["85", "8"]
+  # Ids past the tokenizer's vocabulary (a padded model vocab) decode as U+FFFD.
+  assert accounting.response_texts(tok, np.array([[tok.encode("8")[0], tok.vocab_size + 3,
+                                                   tok.encode("5")[0]]]), np.array([3])) == \
+      ["8\ufffd5"]
   suite = TaskSuite.parse("arithmetic:1")
   ex = Example("37+48=", "85", "85", "arithmetic")
   assert accounting.score(suite, [ex, ex], texts) == [True, False]

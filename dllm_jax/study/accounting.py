@@ -96,9 +96,24 @@ class Tally:
 
 
 def response_texts(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
-  """Decodes each row's response up to (not including) its first EOS."""
+  """Decodes each row's response up to (not including) its first EOS.
+
+  A model whose vocabulary is padded past the tokenizer's can emit ids the tokenizer does not
+  know; each such id becomes U+FFFD, so the response still counts its tokens and scores wrong
+  (never a crash, never a silently dropped token).
+  """
   tokens, lengths = np.asarray(tokens), np.asarray(lengths)
-  return [tokenizer.decode(tokens[i, :lengths[i]].tolist()) for i in range(tokens.shape[0])]
+  texts = []
+  for i in range(tokens.shape[0]):
+    pieces, run = [], []
+    for t in tokens[i, :lengths[i]].tolist():
+      if 0 <= t < tokenizer.vocab_size:
+        run.append(t)
+        continue
+      pieces += [tokenizer.decode(run), "\ufffd"]
+      run = []
+    texts.append("".join(pieces) + tokenizer.decode(run))
+  return texts
 
 
 def score(suite, examples, texts: Sequence[str]) -> list[bool]:
