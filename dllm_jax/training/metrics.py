@@ -1,11 +1,13 @@
-"""Metric logs: one JSON object per line in `workdir/metrics.jsonl`, plus the console.
+"""Metric logs: `workdir/metrics.jsonl`, TensorBoard event files, and the console.
 
-Why JSONL and not TensorBoard events: clu's `metric_writers` imports TensorFlow at import
-time (its SummaryWriter is TF summaries), and TensorFlow is not part of this stack. A line
-`{"step": 100, "split": "train", "loss": 1.23, ...}` is read back by `read_metrics` (or pandas,
-or any plotting tool) with no dependency.
+The JSONL file is the source of truth: a line `{"step": 100, "split": "train", "loss": 1.23}`
+is read back by `read_metrics` (or pandas) with no dependency. TensorBoard scalars go to
+`workdir/tb/<split>/events.out.tfevents.*` through `tb_events.py`, a dependency-free writer
+(clu's and flax's writers import TensorFlow, which is not part of this stack); point
+`tensorboard --logdir workdir/tb` at them.
 
-On resume the log is cut back to the restored step, so it always describes one unbroken run.
+On resume the JSONL log is cut back to the restored step, so it always describes one unbroken
+run; a resumed run starts a new event file (TensorBoard shows the overlap, if any).
 Only process 0 writes. Console lines go through `tqdm.write`, so they print above the
 progress bar; the absl log gets them too.
 """
@@ -22,7 +24,10 @@ import tqdm
 from absl import logging
 from etils import epath
 
+from dllm_jax.training import tb_events
+
 METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tb"
 
 
 def _clean(value):
@@ -35,6 +40,8 @@ class MetricWriter:
 
   def __init__(self, workdir: str | os.PathLike, resume_step: int | None = None):
     self.path = epath.Path(workdir) / METRICS_FILE
+    self.tb_root = epath.Path(workdir) / TB_DIR
+    self._tb: dict[str, tb_events.EventWriter] = {}
     self.enabled = jax.process_index() == 0
     if self.enabled:
       self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,6 +64,9 @@ class MetricWriter:
     record = {"step": int(step), "split": split, **{k: _clean(v) for k, v in metrics.items()}}
     with self.path.open("a") as f:
       f.write(json.dumps(record) + "\n")
+    if split not in self._tb:
+      self._tb[split] = tb_events.EventWriter(self.tb_root / split)
+    self._tb[split].scalars(step, {k: float(v) for k, v in metrics.items()})
     shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in record.items() if k not in ("step", "split"))
     console(f"[{split}] step {step}: {shown}")
