@@ -73,8 +73,12 @@ class MetricWriter:
 
 
 def console(message: str) -> None:
-  """A line on the console (above the progress bar) and in the absl log, process 0 only."""
-  logging.info("%s", message)
+  """A line on the console (above the progress bar), process 0 only.
+
+  absl gets it at verbosity 1 (`-v 1`): at the default level absl would print it to stderr a
+  second time.
+  """
+  logging.vlog(1, "%s", message)
   if jax.process_index() == 0:
     tqdm.tqdm.write(message)
 
