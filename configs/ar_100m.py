@@ -11,15 +11,7 @@ from dllm_jax.training import config as config_lib
 
 
 def get_config():
-  c = config_lib.base_config()
-  c.model.preset = "base_100m"
-  c.model.dtype = "bfloat16"
-  c.model.max_seq_len = 256
-
-  c.data.tasks = "arithmetic:3,arithmetic:4,sorting:3,running_sum:3"
-  c.data.tokenizer = "byte"
-  c.data.train_size = 2_000_000
-  c.data.eval_size = 2000
+  c = config_lib.mixture_100m_config()  # network + data shared by the *_100m runs
 
   c.objective.name = "ar"
 

@@ -11,16 +11,7 @@ from dllm_jax.training import config as config_lib
 
 
 def get_config():
-  c = config_lib.base_config()
-  c.model.preset = "small"       # resized below: 0.46M params, ~0.1 s/step on 2 CPU cores
-  c.model.vocab_size = 64        # the char tokenizer uses 47 ids
-  c.model.d_model, c.model.n_layers, c.model.mlp_dim = 96, 3, 384
-  c.model.max_seq_len = 64
-
-  c.data.tasks = "arithmetic:1"  # two-digit addition: 37+48=85
-  c.data.tokenizer = "char"
-  c.data.block_size = 4          # answer canvas of 8 slots, as in every *_tiny config: the
-                                 # D2F student (d2f_tiny.py) must see its teacher's canvas
+  c = config_lib.tiny_arithmetic_config()  # network + data shared by every *_tiny run
 
   c.objective.name = "ar"
 

@@ -10,14 +10,7 @@ BLOCK = 4
 
 
 def get_config():
-  c = config_lib.base_config()
-  c.model.preset = "small"       # resized below, as in mdm_tiny.py
-  c.model.vocab_size = 64
-  c.model.d_model, c.model.n_layers, c.model.mlp_dim = 96, 3, 384
-  c.model.max_seq_len = 64
-
-  c.data.tasks = "arithmetic:1"
-  c.data.tokenizer = "char"
+  c = config_lib.tiny_arithmetic_config()  # network + data shared by every *_tiny run
   c.data.block_size = BLOCK      # the answer region is a whole number of blocks
 
   c.objective.name = "block_diffusion"

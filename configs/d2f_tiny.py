@@ -15,17 +15,10 @@ BLOCK = 4
 
 
 def get_config():
-  c = config_lib.base_config()
-  c.model.preset = "small"       # must match the mdm_tiny run it starts from
-  c.model.vocab_size = 64
-  c.model.d_model, c.model.n_layers, c.model.mlp_dim = 96, 3, 384
-  c.model.max_seq_len = 64
+  c = config_lib.tiny_arithmetic_config()  # network + data shared by every *_tiny run
   c.model.lora_rank = 16
   c.model.lora_alpha = 16.0
   c.model.lora_dropout = 0.1
-
-  c.data.tasks = "arithmetic:1"
-  c.data.tokenizer = "char"
   c.data.block_size = BLOCK
 
   c.objective.name = "d2f"
