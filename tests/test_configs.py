@@ -27,10 +27,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _is_training_config(path):
-  """Training experiments build on `config_lib.base_config()` (other configs/ files, e.g. the
+  """Training experiments end with `config_lib.finalize(...)` (other configs/ files, e.g. the
   study's, configure other entry points)."""
   with open(path) as f:
-    return "config_lib.base_config()" in f.read()
+    return "config_lib.finalize(" in f.read()
 
 
 CONFIGS = sorted(p for p in glob.glob(os.path.join(REPO, "configs", "*.py"))
