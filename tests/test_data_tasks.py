@@ -65,6 +65,37 @@ def test_sorting_and_running_sum_are_correct():
       assert all(out[i] == (out[i - 1] + digits[i]) % 10 for i in range(1, len(out)))
 
 
+@pytest.mark.parametrize("level", LEVELS)
+def test_long_addition_columns_are_correct(level):
+  digits = get_task("long_addition").LEVEL_SPECS[level]
+  for ex in _sample("long_addition", level, n=100):
+    a, b = ex.prompt[:-1].split("+")
+    assert len(a) == len(b) == digits and a[0] != "0" != b[0]
+    work, result = ex.answer.rsplit("=", 1)
+    columns = work.split(" ")
+    assert len(columns) == digits and result == ex.target == str(int(a) + int(b))
+    carry, sums = 0, []
+    for i, col in enumerate(columns):  # units first: "a+b+c=ds"
+      lhs, total = col.split("=")
+      assert lhs == f"{a[-1 - i]}+{b[-1 - i]}+{carry}" and len(total) == 2, ex
+      assert int(total) == int(a[-1 - i]) + int(b[-1 - i]) + carry, ex
+      carry, sums = int(total[0]), [total[1]] + sums
+    assert ex.target == (str(carry) if carry else "") + "".join(sums)
+
+
+def test_long_addition_hand_case():
+  class Operands:  # a Generator stand-in that draws the operands 472 and 385
+    values = iter([472, 385])
+    def integers(self, lo, hi):
+      assert (lo, hi) == (100, 1000)
+      return next(self.values)
+
+  task = get_task("long_addition")
+  ex = task.generate(Operands(), 2)
+  assert ex.prompt == "472+385=" and ex.answer == "2+5+0=07 7+8+0=15 4+3+1=08=857" and ex.target == "857"
+  assert task.max_answer_len(2) == len("2+5+0=07 7+8+0=15 4+3+1=08=1857")
+
+
 def test_exact_scoring_hand_cases():
   task = get_task("arithmetic")
   ex = Example("12*34=", "12*30+12*4=360+48=408", "408", "arithmetic")

@@ -14,6 +14,7 @@ string match with `target`; `between` accepts any integer in range, so always sc
 
 Tasks (difficulty levels 1..5 each):
   arithmetic   +, - and * of multi-digit numbers, with left-to-right and place-value steps
+  long_addition  addition worked column by column with carries: long answers (up to 81 chars)
   sorting      sort digits (levels 1-2) or letters (3-5)
   running_sum  prefix sums mod 10; output digit i = output digit i-1 + input digit i
   between      any integer in a small range that straddles a power-of-ten boundary
@@ -236,7 +237,44 @@ class Between(Task):
     return self.check_difficulty(difficulty) + 3
 
 
-TASKS: Mapping[str, Task] = {t.name: t for t in (Arithmetic(), Sorting(), RunningSum(), Between())}
+class LongAddition(Task):
+  """Addition written out column by column, as a pupil would: a long, worked answer.
+
+  `472+385=2+5+0=07 7+8+0=15 4+3+1=08=857`: one step per column, units first, each
+  `a+b+c=ds` with the column's digits, the carry in and the two-digit column sum (its tens
+  digit is the next carry), then `=` and the result. Both operands have exactly the level's
+  digit count (2, 3, 4, 6, 8), so an answer is 9 characters per column plus the result.
+
+  Why it is here: it is the suite's long-answer arithmetic (GSM8K-like worked steps, up to 81
+  characters), where parallel decoders can pay. About half of each step is fixed by the
+  prompt (the format and the two copied digits, decodable in any order); the carry and sum
+  digits depend on the previous column, and the result copies the sum digits in reverse.
+  """
+
+  name = "long_addition"
+  LEVEL_SPECS = {1: 2, 2: 3, 3: 4, 4: 6, 5: 8}
+
+  def _generate(self, rng, difficulty):
+    d = self.LEVEL_SPECS[difficulty]
+    a, b = (int(rng.integers(10**(d - 1), 10**d)) for _ in range(2))
+    steps, carry = [], 0
+    for da, db in zip(reversed(str(a)), reversed(str(b))):
+      total = int(da) + int(db) + carry
+      steps.append(f"{da}+{db}+{carry}={total:02d}")
+      carry = total // 10
+    target = str(a + b)
+    return f"{a}+{b}=", " ".join(steps) + "=" + target, target
+
+  def max_prompt_len(self, difficulty):
+    return 2 * self.LEVEL_SPECS[self.check_difficulty(difficulty)] + 2
+
+  def max_answer_len(self, difficulty):
+    d = self.LEVEL_SPECS[self.check_difficulty(difficulty)]
+    return 9 * d + d + 1  # d steps of 8 and d - 1 spaces, '=', a result of <= d + 1 digits
+
+
+TASKS: Mapping[str, Task] = {t.name: t for t in (Arithmetic(), LongAddition(), Sorting(),
+                                                 RunningSum(), Between())}
 
 
 def get_task(name: str) -> Task:
