@@ -65,7 +65,7 @@ def reference_block_diffusion(params, cfg, prompt, *, gen_length, block_size, st
 
 def test_equals_d2f_with_one_block_in_flight(params, batch):
   """s = k commits the top-1 per step: exactly D2F with one block in flight and a
-  threshold above 1. Both run G forwards plus the prefill (no stop token in this run)."""
+  threshold above 1. Both run G forwards, the first with the prompt (no stop token here)."""
   bd, bd_state = d2f.block_diffusion_generate(params, CFG, *batch, gen_length=G,
                                               block_size=K, steps_per_block=K,
                                               return_state=True)
@@ -74,16 +74,16 @@ def test_equals_d2f_with_one_block_in_flight(params, batch):
   np.testing.assert_array_equal(bd.tokens, pipe.tokens)
   assert not np.any(np.isin(np.asarray(bd.tokens), base.stop_ids(CFG)))
   for out, state in ((bd, bd_state), (pipe, pipe_state)):
-    assert int(out.steps) == G and int(out.nfe) == G + 1
+    assert int(out.steps) == G and int(out.nfe) == G
     np.testing.assert_array_equal(out.committed, G)
     np.testing.assert_array_equal(out.lengths, G)
     np.testing.assert_array_equal(state.block_steps, K)
     np.testing.assert_array_equal(state.forwards, G)
-    assert float(out.tokens_per_step) == pytest.approx(G / (G + 1))
+    assert float(out.tokens_per_step) == 1.0
 
 
 def test_matches_semi_ar_reference_with_uneven_schedule(params, batch):
-  """k = 4, s = 3: steps commit 2, 1, 1 tokens; N * s forwards (+ prefill) per row."""
+  """k = 4, s = 3: steps commit 2, 1, 1 tokens; N * s forwards per row."""
   steps = 3
   out, state = d2f.block_diffusion_generate(params, CFG, *batch, gen_length=G, block_size=K,
                                             steps_per_block=steps, return_state=True)
@@ -99,7 +99,7 @@ def test_matches_semi_ar_reference_with_uneven_schedule(params, batch):
     else:
       stopped += 1
   assert stopped >= 1, "no row met a stop token; the early stop went untested"
-  assert int(out.nfe) == int(out.steps) + 1 == int(jnp.max(state.forwards)) + 1
+  assert int(out.nfe) == int(out.steps) == int(jnp.max(state.forwards))
   assert bool(jnp.all(out.done))
 
 

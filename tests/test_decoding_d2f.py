@@ -136,7 +136,7 @@ def check_against_reference(params, cfg, batch, **kw):
     assert int(state.n_blocks[row]) == n_blocks
   assert bool(jnp.all(out.done))
   assert int(out.steps) == max(r[2] for r in refs)
-  assert int(out.nfe) == int(out.steps) + 1  # + the prefill
+  assert int(out.nfe) == int(out.steps)  # the first forward carries the prompt: no prefill
   return out, state, refs
 
 
@@ -166,7 +166,7 @@ def test_cache_equals_full_recompute(params, batch):
   full = d2f.d2f_generate(params, CFG, *batch, use_cache=False, **kw)
   np.testing.assert_array_equal(cached.tokens, full.tokens)
   assert int(cached.steps) == int(full.steps)
-  assert int(full.nfe) == int(full.steps)  # no prefill without a cache
+  assert int(full.nfe) == int(full.steps)
 
 
 def test_shifted_logits_model(params, batch):
@@ -200,7 +200,7 @@ def test_while_loop_equals_python_loop_of_step(params, batch):
   np.testing.assert_array_equal(looped.tokens, d2f.output(spec, state).tokens)
   for field in ("response", "decided", "forwards", "n_blocks", "cached", "ready", "block_steps"):
     np.testing.assert_array_equal(getattr(final, field), getattr(state, field), err_msg=field)
-  assert int(looped.steps) == len(in_flight)
+  assert int(looped.steps) == len(in_flight) + 1  # init_state runs the first forward
   assert np.max(in_flight) == 2, "the bound of two blocks in flight was never reached"
   # The cache is a contiguous prefix: prompt plus whole cached blocks, never shrinking.
   lengths = np.stack(lengths)

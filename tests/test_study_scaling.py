@@ -3,8 +3,8 @@
 One micro sweep (width 64, G in {8, 16}, batch 1, blocks of 4) runs once per module; the
 NFE of each decoder is checked against its schedule, restated here from the algorithms:
 AR G (the prefill yields the first token), LLaDA steps = G, Fast-dLLM G at any cache mode
-(one token per step), block diffusion N * s + 1, D2F steps + 1 with the overlap of adjacent
-blocks worked out below.
+(one token per step), block diffusion N * s, D2F its steps with the overlap of adjacent
+blocks worked out below (their first forward carries the prompt: no separate prefill).
 """
 
 import importlib.util
@@ -49,12 +49,12 @@ def expected_nfe(decoder: str, g: int) -> int:
   if decoder in ("ar", "llada", "fast_dllm_none", "fast_dllm_prefix", "fast_dllm_dual"):
     return g
   if decoder == "block_diffusion":
-    return n * K + 1
+    return n * K
   if decoder == "d2f":
     # One token per fully activated block per step; block i + 1 is fully activated once
     # block i has TAU_ACT_COUNT tokens, so adjacent blocks overlap for K - TAU_ACT_COUNT
-    # steps; plus the prefill forward.
-    return g - (n - 1) * (K - TAU_ACT_COUNT) + 1
+    # steps.
+    return g - (n - 1) * (K - TAU_ACT_COUNT)
   raise KeyError(decoder)
 
 

@@ -26,11 +26,12 @@ step of each block). Rows that are done ride along with an all-invalid window.
 
 Shifted-logits models (Dream: slot i is predicted by the output at i - 1) forward with
 the shift off and shift inside the decoder: the window's first slot takes the output saved
-when the last cached slot was written (the prompt's last slot after the prefill).
+when the last cached slot was written (the prompt's last slot after the first forward).
 
-NFE: one batched forward per loop step (`steps`), plus one prefill forward that writes the
-prompt into the cache (`nfe = steps + 1`; without a cache `nfe = steps`). The last blocks
-are never written to the cache: no later forward reads them. A row stops as soon as its
+NFE: one batched forward per step, `nfe = steps`. There is no separate prefill: the first
+forward carries the prompt plus block 0, writes the prompt into the cache and decodes
+block 0, as the reference does (`init_state` runs it). The last blocks are never written
+to the cache: no later forward reads them. A row stops as soon as its
 first stop token has only decided tokens before it (its output can no longer change);
 per-row forward counts are `D2FState.forwards`.
 
@@ -126,26 +127,18 @@ def _proposals(logits: Array, spec: D2FSpec, rng: Array):
   return x0, prob, score
 
 
-def _prefill(params, cfg: ModelConfig, prompt: Array, valid: Array, capacity: int):
-  """Writes the prompt (block id 0, left-pad positions; padding invisible) into a cache.
-
-  Returns the cache and, for shifted-logits models, the raw output at the last prompt
-  slot (it predicts the first response slot).
-  """
-  cache = kvc.init_cache(cfg, prompt.shape[0], capacity)
-  logits, cache = Transformer(cfg.replace(shift_logits=False)).apply(
-      {"params": params}, prompt, block_ids=jnp.zeros_like(prompt),
-      positions=masks.left_pad_positions(valid), valid=valid, cache=cache)
-  return cache, (logits[:, -1] if cfg.shift_logits else None)
-
-
 def _window_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, blocks: int,
-                 rng: Array):
+                 rng: Array, with_prompt: bool = False):
   """Forwards each row's window of `blocks` blocks from its first uncached block.
 
+  With `with_prompt` (the first forward, cache still empty) the prompt is forwarded in
+  front of the window (block id 0, left-pad positions, padding invisible) and written to
+  the cache by the same forward, as the reference does: there is no separate prefill.
+
   Returns proposals mapped back to response slots ([B, G]; zero probability outside the
-  window), the cache with the final blocks [cached, ready) written, and the new
-  `last_logits` (shifted-logits models: the raw output at the last written slot).
+  window), the cache with the prompt (first forward) and the final blocks [cached, ready)
+  written, and the new `last_logits` (shifted-logits models: the raw output at the last
+  written slot).
   """
   k, g, width = spec.block_size, spec.gen_length, blocks * spec.block_size
   start = state.cached * k
@@ -156,15 +149,26 @@ def _window_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, block
   tokens = jnp.where(valid, tokens, spec.mask_id)
   prompt_len = state.prompt_valid.sum(-1, dtype=jnp.int32)
   write_len = jnp.where(live, (state.ready - state.cached) * k, 0)
+  ids, positions, head = 1 + slot // k, prompt_len[:, None] + slot, 0
+  if with_prompt:
+    head = state.prompt.shape[1]
+    tokens = jnp.concatenate([state.prompt, tokens], axis=1)
+    ids = jnp.concatenate([jnp.zeros_like(state.prompt), ids], axis=1)
+    positions = jnp.concatenate([masks.left_pad_positions(state.prompt_valid), positions], 1)
+    valid = jnp.concatenate([state.prompt_valid, valid], axis=1)
+    write_len = write_len + head
   logits, cache = Transformer(cfg.replace(shift_logits=False)).apply(
-      {"params": params}, tokens, block_ids=1 + slot // k, positions=prompt_len[:, None] + slot,
-      valid=valid, cache=state.cache, write_len=write_len)
+      {"params": params}, tokens, block_ids=ids, positions=positions, valid=valid,
+      cache=state.cache, write_len=write_len)
   last = state.last_logits
   if cfg.shift_logits:  # slot j is predicted by the output at j - 1 (before the window: cached)
     last_written = jnp.take_along_axis(
         logits, jnp.maximum(write_len - 1, 0)[:, None, None], axis=1)[:, 0]
-    logits = jnp.concatenate([state.last_logits[:, None], logits[:, :-1]], axis=1)
+    before = logits[:, head - 1] if with_prompt else state.last_logits
+    logits = jnp.concatenate([before[:, None], logits[:, head:-1]], axis=1)
     last = jnp.where((write_len > 0)[:, None], last_written, state.last_logits)
+  else:
+    logits = logits[:, head:]
   x0, prob, score = _proposals(logits, spec, rng)
   offset = jnp.arange(g, dtype=jnp.int32)[None] - start[:, None]           # [B, G]
   inside = (offset >= 0) & (offset < width)
@@ -227,22 +231,33 @@ def _init(params, prompt, valid, rng, limits, *, cfg: ModelConfig, spec: D2FSpec
   g, n = spec.gen_length, spec.num_blocks
   prompt = prompt.astype(jnp.int32)
   zeros = jnp.zeros((b,), jnp.int32)
-  cache, last = _prefill(params, cfg, prompt, valid, p + g) if spec.use_cache else (None, None)
+  cache = kvc.init_cache(cfg, b, p + g) if spec.use_cache else None
+  last = jnp.zeros((b, cfg.vocab_size), jnp.float32) if spec.use_cache and cfg.shift_logits \
+      else None
   state = D2FState(
       prompt=prompt, prompt_valid=valid, response=jnp.full((b, g), spec.mask_id, jnp.int32),
       decided=jnp.zeros((b, g), bool), n_blocks=zeros, cached=zeros, ready=zeros,
       block_steps=jnp.zeros((b, n), jnp.int32), eos_seen=jnp.zeros((b,), bool),
       done=jnp.zeros((b,), bool), forwards=zeros, steps=jnp.zeros((), jnp.int32), rng=rng,
       limits=limits, cache=cache, last_logits=last)
-  return _constrain(ds.admit(spec, state), mesh, rules)
+  state = _constrain(ds.admit(spec, state), mesh, rules)
+  return _step(params, state, cfg=cfg, spec=spec, mesh=mesh, rules=rules, first=True)
 
 
 def _step(params, state: D2FState, *, cfg: ModelConfig, spec: D2FSpec, mesh=None,
-          rules=mesh_lib.DEFAULT_RULES) -> D2FState:
+          rules=mesh_lib.DEFAULT_RULES, first: bool = False) -> D2FState:
+  """One loop step: one forward, commits, cursor moves, at most one block appended per row.
+
+  `first` marks the first forward, which also writes the prompt into the (empty) cache.
+  Only block 0 exists then, so its window is one block.
+  """
   rng = jax.random.fold_in(state.rng, state.steps)
   cache, last = state.cache, state.last_logits
   if not spec.use_cache:
     x0, prob, score = _canvas_step(params, cfg, spec, state, rng)
+  elif first:
+    (x0, prob, score), cache, last = _window_step(params, cfg, spec, state, 1, rng,
+                                                  with_prompt=True)
   else:
     windows = spec.window_blocks
     run = lambda blocks, s: _window_step(params, cfg, spec, s, blocks, rng)
@@ -267,11 +282,11 @@ def _run(params, state: D2FState, *, cfg: ModelConfig, spec: D2FSpec, mesh=None,
 
 
 def output(spec: D2FSpec, state: D2FState) -> base.DecodeOutput:
-  """The decode record: tokens cut at the first stop, lengths, NFE (prefill included)."""
+  """The decode record: tokens cut at the first stop, lengths, NFE (= steps)."""
   tokens, lengths, _ = base.finalize(state.response, state.decided, spec.stop_ids,
                                      spec.pad_id)
   return base.DecodeOutput(
-      tokens=tokens, lengths=lengths, nfe=state.steps + int(spec.use_cache),
+      tokens=tokens, lengths=lengths, nfe=state.steps,
       steps=state.steps, committed=state.decided.sum(1, dtype=jnp.int32), done=state.done)
 
 
@@ -333,8 +348,8 @@ def block_diffusion_generate(params, cfg: ModelConfig, prompt_tokens, prompt_val
 
   One block at a time; within a block of k masks and s = steps_per_block steps, step i
   commits the k // s (+1 for i < k % s) most confident masked slots (LLaDA's schedule).
-  A finished block is written to the cache by the next block's first forward, so
-  `nfe = N * s + 1` (the prefill) exactly. Arguments as in `d2f_generate`.
+  A finished block is written to the cache by the next block's first forward (the first
+  forward also writes the prompt), so `nfe = N * s` exactly. Arguments as in `d2f_generate`.
   """
   spec, limits = make_spec(
       cfg, gen_length=gen_length, block_size=block_size, max_active_blocks=1, tau_add=1.0,

@@ -54,7 +54,8 @@ class Decoder:
 
   `options(G, c)` gives the `generate` options (c: the scaling config); `plan(P, G, k, A)`
   lists its forwards per row as (count, query slots, mean key slots), the schedule the
-  FLOP estimate uses (exact counts except for D2F, whose bound is G + 1 forwards).
+  FLOP estimate uses (exact counts except for D2F, whose bound is G forwards). The first
+  forward of D2F and block diffusion carries the prompt plus block 0.
   """
   name: str
   method: str
@@ -85,10 +86,10 @@ DECODERS: dict[str, Decoder] = {d.name: d for d in (
     Decoder("d2f", "d2f",
             lambda g, c: {"block_size": c.block_length, "tau_conf": 2.0, "tau_add": c.d2f_tau_add,
                           "tau_act": c.d2f_tau_act, "max_active_blocks": c.d2f_max_active_blocks},
-            lambda p, g, k, a: [(1, p, p), (g, a * k, p + g / 2)]),
+            lambda p, g, k, a: [(1, p + k, p + k), (g - 1, a * k, p + g / 2)]),
     Decoder("block_diffusion", "block_diffusion",
             lambda g, c: {"block_size": c.block_length, "steps_per_block": c.block_length},
-            lambda p, g, k, a: [(1, p, p), (g // k, 2 * k, p + g / 2),
+            lambda p, g, k, a: [(1, p + k, p + k), (g // k - 1, 2 * k, p + g / 2),
                                 (g - g // k, k, p + g / 2)]),
 )}
 
