@@ -81,6 +81,23 @@ def test_verdict_reports_every_d2f_cell():
   assert {r.label for r in front} == {"d2f fast", "d2f good", "ar", "d2f b16"} - {"ar"}
 
 
+def test_verdict_splits_speedup_into_forwards_and_forward_cost():
+  """AR: 10 prompts, 300 tokens, 310 forwards in 1.0 s. D2F: 300 tokens, 62 forwards in
+  0.5 s. So D2F runs 5x fewer forwards, each 2.5x the time (0.5/62 s vs 1/310 s), and
+  speedup = 2.0 = 5 / 2.5 (equal tokens)."""
+  def cell(label, method, nfe, wall):
+    return accounting.MethodResult(method, label, {}, 1, 10, 10, 300, wall, 0.1, nfe, nfe,
+                                   {"arithmetic": [10, 10]})
+  rows = [cell("ar", "ar", 310, 1.0), cell("d2f", "d2f", 62, 0.5)]
+  (x,) = study.verdict(rows, task="arithmetic", llada_label="llada")["d2f_cells"]
+  assert x["speedup_vs_ar"] == pytest.approx(2.0)
+  assert x["nfe_ratio_vs_ar"] == pytest.approx(5.0)
+  assert x["forward_cost_ratio_vs_ar"] == pytest.approx(2.5)
+  assert x["speedup_vs_llada"] is None and not x["meets_ar_claim"]
+  assert "5.00x fewer forwards than AR, each 2.50x an AR forward's time" in \
+      study.verdict_text(study.verdict(rows, task="arithmetic", llada_label="llada"))
+
+
 def test_resolve_options():
   assert study.resolve_options({"steps_fraction": 0.5}, 16) == {"gen_length": 16, "steps": 8}
   with pytest.raises(ValueError, match="steps_fraction"):
