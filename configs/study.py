@@ -1,6 +1,7 @@
 """The speed-versus-quality study (the README's main job).
 
   python experiments/study.py                                  # default CPU run, ~15 min
+  python experiments/study.py --config configs/study.py:long   # long answers, ~45 min on CPU
   python experiments/study.py --config configs/study.py:full   # larger, for an accelerator
 
 Three models of the same size on the same synthetic data: an AR model, a masked-diffusion
@@ -8,6 +9,13 @@ model (MDM), and a D2F student distilled from the MDM (LoRA, block-causal). Ever
 runs on the same held-out prompts at batch 1 and at a larger batch. Model training configs come
 from configs/{ar,mdm,d2f}_tiny.py; this file only sets what the study must hold fixed (data,
 canvas, steps) and the decoding grid. Every setting listed here is reported; none is dropped.
+
+Modes:
+  ""     two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16): fits 15 minutes.
+  long   three-digit addition worked column by column (`long_addition:2`, 31-character
+         answers, G = 32): the regime the published D2F ratios come from. The MDM needs far
+         more steps on it, so this mode takes ~45 minutes on 2 CPU cores.
+  full   a 4x wider model on a longer-answer mixture, 10x the steps: for an accelerator.
 """
 
 import importlib.util
@@ -16,7 +24,13 @@ import os
 from ml_collections import config_dict
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-BLOCK = 16  # the answer canvas is rounded up to this: G = 16 for every decoder
+MODES = ("", "long", "full")
+# mode -> (tasks, canvas block: G is the longest answer + EOS rounded up to it, D2F train block)
+DATA = {"": ("arithmetic:1", 16, 4), "long": ("long_addition:2", 8, 8),
+        "full": ("arithmetic:2,arithmetic:4,running_sum:2", 16, 4)}
+STEPS = {"": {"ar": 1500, "mdm": 3000, "d2f": 1000},
+         "long": {"ar": 1500, "mdm": 6000, "d2f": 1500},
+         "full": {"ar": 20000, "mdm": 40000, "d2f": 10000}}
 
 
 def _load(name):
@@ -26,40 +40,45 @@ def _load(name):
   return config_dict.ConfigDict(module.get_config().to_dict())  # an unlocked copy
 
 
-def _methods(full: bool):
+def _methods(mode: str, gen_length: int, train_block: int):
+  """The decoding grid. Vanilla LLaDA is one block over the whole canvas, one token a step."""
+  g = gen_length
   d2f = []
-  for block in ((4, 8) if not full else (8, 16)):
-    for tau in (0.9, 0.7, 0.5):
-      d2f.append({"method": "d2f", "label": f"d2f k={block} tau={tau}", "model": "d2f",
-                  "options": {"block_size": block, "tau_conf": tau, "tau_add": 0.1,
-                              "tau_act": 0.95}})
+  for block in ((4, 8) if mode != "full" else (8, 16)):
+    for active in (None, 2):
+      for tau in (0.9, 0.7, 0.5):
+        bound = "" if active is None else f" A={active}"
+        d2f.append({"method": "d2f", "label": f"d2f k={block}{bound} tau={tau}", "model": "d2f",
+                    "options": {"block_size": block, "tau_conf": tau, "tau_add": 0.1,
+                                "tau_act": 0.95, "max_active_blocks": active}})
   return [
       {"method": "ar", "label": "ar", "model": "ar", "options": {}},
-      # Vanilla LLaDA: one token per step over the whole canvas, and cheaper step counts.
       {"method": "llada", "label": "llada steps=G", "model": "mdm",
-       "options": {"block_length": BLOCK, "early_stop": False}},
+       "options": {"block_length": g, "early_stop": False}},
       {"method": "llada", "label": "llada steps=G early-stop", "model": "mdm",
-       "options": {"block_length": BLOCK}},
+       "options": {"block_length": g}},
       {"method": "llada", "label": "llada steps=G/2", "model": "mdm",
-       "options": {"block_length": BLOCK, "steps_fraction": 0.5}},
+       "options": {"block_length": g, "steps_fraction": 0.5}},
       {"method": "fast_dllm", "label": "fast-dllm tau=0.9", "model": "mdm",
-       "options": {"block_length": BLOCK // 2, "threshold": 0.9, "cache": "none"}},
+       "options": {"block_length": g // 2, "threshold": 0.9, "cache": "none"}},
       {"method": "fast_dllm", "label": "fast-dllm tau=0.9 prefix", "model": "mdm",
-       "options": {"block_length": BLOCK // 2, "threshold": 0.9, "cache": "prefix"}},
+       "options": {"block_length": g // 2, "threshold": 0.9, "cache": "prefix"}},
       {"method": "fast_dllm", "label": "fast-dllm tau=0.9 dual", "model": "mdm",
-       "options": {"block_length": BLOCK // 2, "threshold": 0.9, "cache": "dual"}},
+       "options": {"block_length": g // 2, "threshold": 0.9, "cache": "dual"}},
       # D2F decoding on the undistilled MDM: what the distillation buys.
       {"method": "d2f", "label": "d2f on mdm (no distill) k=8", "model": "mdm",
        "options": {"block_size": 8, "tau_conf": 0.9}},
-      {"method": "block_diffusion", "label": "block diffusion k=4", "model": "d2f",
-       "options": {"block_size": 4, "steps_per_block": 4}},
+      {"method": "block_diffusion", "label": f"block diffusion k={train_block}", "model": "d2f",
+       "options": {"block_size": train_block, "steps_per_block": train_block}},
   ] + d2f
 
 
 def get_config(mode: str = ""):
+  if mode not in MODES:
+    raise ValueError(f"unknown study mode {mode!r}; use configs/study.py, configs/study.py:long "
+                     "or configs/study.py:full")
   full = mode == "full"
-  if mode not in ("", "full"):
-    raise ValueError(f"unknown study mode {mode!r}; use configs/study.py or configs/study.py:full")
+  tasks, block, train_block = DATA[mode]
   c = config_dict.ConfigDict()
   c.models = config_dict.ConfigDict()
   c.models.ar = _load("ar_tiny")
@@ -68,31 +87,36 @@ def get_config(mode: str = ""):
 
   # One data section for all three models: same tasks, tokenizer, canvas and held-out split.
   c.data = config_dict.ConfigDict(c.models.mdm.data.to_dict())
-  c.data.tasks = "arithmetic:1"
-  c.data.block_size = BLOCK
-  if full:
-    c.data.tasks = "arithmetic:2,arithmetic:4,running_sum:2"
+  c.data.tasks = tasks
+  c.data.block_size = block
 
-  steps = {"ar": 1500, "mdm": 3000, "d2f": 1000} if not full else \
-      {"ar": 20000, "mdm": 40000, "d2f": 10000}
-  for name, n in steps.items():
+  for name, n in STEPS[mode].items():
     m = c.models[name]
     m.train.steps = n
     m.train.eval_every = 0
-    m.train.ckpt_every = 0 if not full else 5000
+    m.train.ckpt_every = 0 if n < 5000 else 2000
     m.decode.eval_examples = 0
     m.opt.decay_steps = None
     if full:
       m.model.d_model, m.model.n_layers, m.model.mlp_dim = 512, 8, 2048
       m.model.n_heads = m.model.n_kv_heads = 8
       m.model.max_seq_len = 128
+  c.models.d2f.objective.options = {"block_size": train_block}
+  c.models.d2f.decode.options = {"block_size": train_block}
 
   c.eval = config_dict.ConfigDict()
   c.eval.num_prompts = 128 if not full else 512
   c.eval.batch_sizes = (1, 16) if not full else (1, 64)
   c.eval.seed = 0
-  c.eval.headline_task = "arithmetic"
+  c.eval.headline_task = tasks.split(":")[0]
   c.eval.llada_vanilla_label = "llada steps=G"
-  c.methods = _methods(full)
+  c.methods = _methods(mode, _gen_length(c.data), train_block)
   c.lock()
   return c
+
+
+def _gen_length(data) -> int:
+  """G: the longest answer plus its EOS, rounded up to the canvas block (as the layout does)."""
+  from dllm_jax.data.tasks import TaskSuite  # pylint: disable=import-outside-toplevel
+  answer = TaskSuite.parse(data.tasks).max_answer_len + 1
+  return -(-answer // data.block_size) * data.block_size
