@@ -4,6 +4,8 @@ import importlib.util
 import json
 import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from ml_collections import config_dict
@@ -11,7 +13,11 @@ from ml_collections import config_dict
 from dllm_jax.data.tasks import Example, TaskSuite
 from dllm_jax.data.tokenizers import CharTokenizer
 from dllm_jax.data.tasks import TASK_ALPHABET
+from dllm_jax.models import forward, get_preset, init_params
+from dllm_jax.models.lora import add_lora, has_lora
 from dllm_jax.study import accounting, report, study
+from dllm_jax.study import models as models_lib
+from dllm_jax.training.checkpoint import TrainedModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -96,6 +102,23 @@ def test_verdict_splits_speedup_into_forwards_and_forward_cost():
   assert x["speedup_vs_llada"] is None and not x["meets_ar_claim"]
   assert "5.00x fewer forwards than AR, each 2.50x an AR forward's time" in \
       study.verdict_text(study.verdict(rows, task="arithmetic", llada_label="llada"))
+
+
+def test_for_decoding_merges_adapters_into_the_same_logits():
+  cfg = get_preset("tiny")
+  params = init_params(cfg, jax.random.key(0))
+  lcfg, lparams = add_lora(params, cfg, jax.random.key(1), rank=4, alpha=8.0)
+  lparams = jax.tree.map(lambda x: x + 0.05, lparams)  # nonzero lora_b: a real adapter
+  trained = TrainedModel(lparams, lcfg, config_dict.ConfigDict())
+  merged = models_lib.for_decoding(trained)
+  assert merged.model_cfg.lora_rank == 0 and not has_lora(merged.params)
+  tokens = jnp.arange(10, dtype=jnp.int32)[None] % cfg.vocab_size
+  want = forward(lparams, lcfg, tokens, attention="bidirectional")
+  got = forward(merged.params, merged.model_cfg, tokens, attention="bidirectional")
+  assert float(jnp.max(jnp.abs(want - forward(params, cfg, tokens,
+                                              attention="bidirectional")))) > 1e-2
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  assert models_lib.for_decoding(merged) is merged  # nothing to merge: unchanged
 
 
 def test_resolve_options():

@@ -4,6 +4,9 @@ Each model is an ordinary training run (`dllm_jax.training.trainer.train`) in
 `<workdir>/models/<name>`; a run whose latest checkpoint is already at its final step is
 loaded without training, and an interrupted one resumes. The D2F student starts from the MDM
 run (`train.init_from`), so the three models share tokenizer, task suite and canvas layout.
+A student's LoRA adapters are merged into its weights before decoding (`for_decoding`), as
+for deployment: all three models then run the same network, and no decoder pays for the
+adapters' extra matmuls.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 
 from ml_collections import config_dict
 
+from dllm_jax.models import lora
 from dllm_jax.training import checkpoint as ckpt_lib
 from dllm_jax.training import trainer
 
@@ -63,5 +67,13 @@ def ensure_models(study_config, workdir, *, log: Callable[[str], None] = print) 
       final = trainer.train(cfg, run_dir(workdir, name))
       log(f"[study] {name}: done, " + ", ".join(
           f"{k}={v:.4g}" for k, v in sorted(final.items()) if k.startswith("eval/")))
-    models[name] = ckpt_lib.load_params(run_dir(workdir, name))
+    models[name] = for_decoding(ckpt_lib.load_params(run_dir(workdir, name)))
   return models
+
+
+def for_decoding(model: ckpt_lib.TrainedModel) -> ckpt_lib.TrainedModel:
+  """The model with any LoRA adapters folded into its kernels (same logits, plain network)."""
+  if not model.model_cfg.lora_rank:
+    return model
+  cfg, params = lora.merge_lora(model.params, model.model_cfg)
+  return model._replace(params=params, model_cfg=cfg)
