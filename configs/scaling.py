@@ -43,4 +43,7 @@ def get_config(mode: str = "cpu"):
   c.timing_budget_s = 5.0 if full else 1.0  # stop repeating once timed calls took this long
   # Skip cells whose estimated compute per decode exceeds this many TFLOP (0: no cap).
   c.max_cell_tflop = 0.0 if full else 0.5
+  # Memory bandwidth for the weight-streaming bound, GB/s; 0 = the nominal peak of a known
+  # accelerator, or a measured copy on a CPU (dllm_jax.study.roofline).
+  c.memory_bandwidth_gbps = 0.0
   return c

@@ -110,6 +110,9 @@ def get_config(mode: str = ""):
   c.eval.seed = 0
   c.eval.headline_task = tasks.split(":")[0]
   c.eval.llada_vanilla_label = "llada steps=G"
+  # GB/s for AR's weight-streaming bound; 0 = nominal peak of a known accelerator, or a
+  # measured copy on a CPU (dllm_jax.study.roofline).
+  c.eval.memory_bandwidth_gbps = 0.0
   c.methods = _methods(mode, _gen_length(c.data), train_block)
   c.lock()
   return c

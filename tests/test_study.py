@@ -169,6 +169,14 @@ def test_micro_study_end_to_end(tmp_path, monkeypatch):
   for label in {r["label"] for r in doc["results"]}:
     assert by[(label, 1)]["num_correct"] == by[(label, 2)]["num_correct"], label
     assert by[(label, 1)]["response_tokens"] == by[(label, 2)]["response_tokens"], label
+  # AR at batch 1 against the weight-streaming bound of its own weights.
+  ar1 = by[("ar", 1)]
+  bound = doc["roofline"]
+  assert bound["measured_step_s"] == pytest.approx(ar1["wall_s"] / ar1["nfe"])
+  assert bound["weight_read_s"] == pytest.approx(
+      bound["param_bytes"] / (bound["bandwidth_gbps"] * 1e9))
+  assert bound["param_bytes"] > 0 and 0 < bound["fraction_of_bound"]
+  assert "weight-streaming bound" in (tmp_path / "study.md").read_text()
   # Second run loads the cached models instead of training.
   logs = []
   study.run(_micro_config(), "study", log=logs.append)

@@ -18,6 +18,9 @@ schedule in `Decoder.plan`) and the GFLOP/s it implies; and
 machine only if it commits more than that many tokens per forward. That ratio is exact for
 single-kind schedules (LLaDA, no-cache Fast-dLLM); for cached schedules it is a lower bound,
 since committing more per forward leaves the same refresh forwards and fewer cheap ones.
+`fwd_per_weight_read = t_fwd / (param bytes / memory bandwidth)` places each forward
+against the weight-streaming bound (`roofline.py`): near 1, a forward over a window costs one
+AR step and parallel decoding pays by its whole tokens-per-forward.
 
 The grid is three lines through (G, B, D): lengths at a fixed batch and width, batches at a
 fixed length and width, widths at a fixed length and batch. A cell whose estimated compute
@@ -41,7 +44,7 @@ import numpy as np
 from dllm_jax.decoding import api
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.models.transformer import init_params
-from dllm_jax.study import accounting
+from dllm_jax.study import accounting, roofline
 
 SCHEMA_VERSION = 1
 MASK_ID, PAD_ID, BOS_ID = 3, 0, 1
@@ -194,7 +197,17 @@ def measure(dec: Decoder, config, cfg: ModelConfig, params, g: int, b: int) -> d
       "t_fwd_s": wall / nfe, "s_per_token": wall / (b * g), "tokens_per_s": b * g / wall,
       "tokens_per_forward": g / nfe, "est_gflop": flops / 1e9,
       "est_gflop_per_s": flops / 1e9 / wall, "breakeven": None, "vs_ar": None,
+      "param_bytes": roofline.param_bytes(params),
   }
+
+
+def add_roofline(cells: list[dict], bandwidth_gbps: float) -> None:
+  """Fills `weight_read_s` (param bytes / bandwidth: the least time any forward can take
+  at batch 1) and `fwd_per_weight_read` (t_fwd over it: 1.0 is at the weight-streaming bound;
+  an AR cell's bound in tokens/s is batch / weight_read_s)."""
+  for c in cells:
+    c["weight_read_s"] = c["param_bytes"] / (bandwidth_gbps * 1e9)
+    c["fwd_per_weight_read"] = c["t_fwd_s"] / c["weight_read_s"]
 
 
 def add_breakevens(cells: list[dict]) -> None:
@@ -239,8 +252,11 @@ def run(config, workdir) -> dict:
       params = {d: jax.jit(init_params, static_argnums=0)(models[d], jax.random.key(config.seed))}
     results.append(measure(dec, config, models[d], params[d], g, b))
   add_breakevens(results)
+  bandwidth = roofline.memory_bandwidth(float(config.get("memory_bandwidth_gbps", 0.0)))
+  add_roofline(results, bandwidth["gbps"])
   doc = {"schema_version": SCHEMA_VERSION, "kind": "scaling",
          "machine": {**accounting.machine_info(), "cpu_model": _cpu_model(),
+                     "memory_bandwidth": bandwidth,
                      "loadavg_before": list(load_before),
                      "loadavg_after": list(os.getloadavg())},
          "config": config.to_dict(), "elapsed_s": time.perf_counter() - t_start,
@@ -272,7 +288,8 @@ def _cpu_model() -> str:
 
 _CELL_FIELDS = {"decoder": str, "gen_length": int, "batch": int, "width": int, "params": int,
                 "nfe": int, "wall_s": float, "t_fwd_s": float, "s_per_token": float,
-                "tokens_per_s": float, "est_gflop_per_s": float}
+                "tokens_per_s": float, "est_gflop_per_s": float, "param_bytes": int,
+                "weight_read_s": float, "fwd_per_weight_read": float}
 
 
 def validate(doc: dict) -> None:
@@ -301,14 +318,20 @@ def markdown(doc: dict) -> str:
            f"load {m['loadavg_before'][0]:.1f} -> {m['loadavg_after'][0]:.1f}, "
            f"{doc['elapsed_s']:.0f} s.", "",
            "| decoder | G | batch | width | params | NFE | wall (s) | t_fwd (ms) | "
-           "ms/token | tokens/s | est. GFLOP/s | breakeven tok/fwd |", "|" + "---|" * 12]
+           "ms/token | tokens/s | est. GFLOP/s | breakeven tok/fwd | t_fwd / weight read |",
+           "|" + "---|" * 13]
   for c in doc["cells"]:
     be = "n/a" if c["breakeven"] is None else f"{c['breakeven']:.2f}"
     lines.append(
         f"| {c['decoder']} | {c['gen_length']} | {c['batch']} | {c['width']} | "
         f"{c['params'] / 1e6:.2f}M | {c['nfe']} | {c['wall_s']:.3f} | {1e3 * c['t_fwd_s']:.2f} "
         f"| {1e3 * c['s_per_token']:.3f} | {c['tokens_per_s']:.0f} | "
-        f"{c['est_gflop_per_s']:.1f} | {be} |")
+        f"{c['est_gflop_per_s']:.1f} | {be} | {c['fwd_per_weight_read']:.1f} |")
+  bw = m["memory_bandwidth"]
+  lines += ["", f"Memory bandwidth {bw['gbps']:.0f} GB/s ({bw['source']}). *t_fwd / weight "
+            "read*: a forward's time over the time to read every weight once (param bytes / "
+            "bandwidth); 1.0 is the weight-streaming bound, where a forward over a window costs "
+            "one AR step."]
   if doc["skipped"]:
     lines += ["", "Skipped cells (not measured):", ""]
     lines += [f"- {s['decoder']} G={s['gen_length']} batch={s['batch']} width={s['width']}: "

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from dllm_jax.data.sources import record_to_example
 from dllm_jax.decoding import api as decode_api
-from dllm_jax.study import accounting, models as models_lib, report, runner
+from dllm_jax.study import accounting, models as models_lib, report, roofline, runner
 from dllm_jax.training import data as data_lib
 
 
@@ -108,6 +108,29 @@ def verdict_text(v: dict) -> str:
   return "\n".join(lines)
 
 
+def ar_roofline(results, trained, *, bandwidth: dict, ar_label: str = "ar") -> dict | None:
+  """AR at batch 1 against the weight-streaming bound (param bytes / memory bandwidth)."""
+  ar = next((r for r in results if r.label == ar_label and r.batch_size == 1), None)
+  model = trained.get(ar.setting.get("model")) if ar is not None and ar.nfe else None
+  if model is None:
+    return None
+  out = roofline.ar_bound(roofline.param_bytes(model.params), bandwidth["gbps"],
+                          step_s=ar.wall_s / ar.nfe)
+  return {**out, "bandwidth_source": bandwidth["source"],
+          "measured_tokens_per_s": ar.tokens_per_s}
+
+
+def roofline_text(r: dict | None) -> str:
+  if r is None:
+    return "No AR cell at batch 1: no weight-streaming bound computed."
+  return (f"AR at batch 1 against the weight-streaming bound: {r['param_bytes'] / 1e6:.2f} MB "
+          f"of weights at {r['bandwidth_gbps']:.0f} GB/s ({r['bandwidth_source']}) take "
+          f"{1e6 * r['weight_read_s']:.1f} us to read, a bound of "
+          f"{r['bound_tokens_per_s']:.0f} forwards/s; AR measured "
+          f"{1e6 * r['measured_step_s']:.1f} us per forward ({100 * r['fraction_of_bound']:.1f}% "
+          f"of the bound) and {r['measured_tokens_per_s']:.0f} response tokens/s.")
+
+
 def run(study_config, workdir, *, log=print) -> dict:
   """Trains or loads the models, decodes every cell, writes table/JSON/plot; returns the JSON."""
   workdir = Path(workdir)
@@ -136,14 +159,17 @@ def run(study_config, workdir, *, log=print) -> dict:
 
   v = verdict(results, task=study_config.eval.headline_task,
               llada_label=study_config.eval.llada_vanilla_label)
+  bandwidth = roofline.memory_bandwidth(
+      float(study_config.eval.get("memory_bandwidth_gbps", 0.0)))
+  bound = ar_roofline(results, trained, bandwidth=bandwidth)
   doc = accounting.results_json(
       results, machine=accounting.machine_info(), config=json.loads(study_config.to_json()),
-      extra={"verdict": v, "gen_length": gen_length, "prompt_len": layout.prompt_len,
+      extra={"verdict": v, "roofline": bound, "gen_length": gen_length, "prompt_len": layout.prompt_len,
              "num_prompts": len(examples), "train_or_load_s": train_s,
              "total_s": time.perf_counter() - started})
   accounting.validate_json(doc)
   table = report.markdown_table(results, baseline="ar")
-  text = f"{table}\n\n{verdict_text(v)}\n"
+  text = f"{table}\n\n{verdict_text(v)}\n\n{roofline_text(bound)}\n"
   (workdir / "study.md").write_text(text)
   (workdir / "study.json").write_text(json.dumps(doc, indent=1))
   report.pareto_plot(results, str(workdir / "study_pareto.png"),
