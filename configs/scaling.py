@@ -37,7 +37,8 @@ def get_config(mode: str = "cpu"):
       "sweep": (1, 4, 16, 64) if full else (1, 8), "gen_length": 256,
       "width": 256 if full else 64})
   c.widths = config_dict.ConfigDict({
-      "sweep": (64, 128, 256, 512, 768) if full else (64, 256, 768),  # 768: 92M params
+      # 768: 92M params; 1792: 1.2B (28 layers), the accelerator mode's ~1B model.
+      "sweep": (64, 128, 256, 512, 768, 1792) if full else (64, 256, 768),
       "gen_length": 256 if full else 64, "batch": 1})
   c.repeats = 5 if full else 3     # timed calls per cell (median), after a warm-up call
   c.timing_budget_s = 5.0 if full else 1.0  # stop repeating once timed calls took this long
@@ -46,4 +47,6 @@ def get_config(mode: str = "cpu"):
   # Memory bandwidth for the weight-streaming bound, GB/s; 0 = the nominal peak of a known
   # accelerator, or a measured copy on a CPU (dllm_jax.study.roofline).
   c.memory_bandwidth_gbps = 0.0
+  # Parameter and compute dtype of the random-weight models (bf16 as served on accelerators).
+  c.dtype = "bfloat16" if full else "float32"
   return c

@@ -122,13 +122,17 @@ def test_grid_is_three_deduplicated_lines():
   assert scaling.grid(c) == [(64, 1, 64), (256, 1, 64), (1024, 1, 64), (256, 8, 64),
                              (64, 1, 256), (64, 1, 768)]
   full = load_config("full")
-  assert len(scaling.grid(full)) == 5 + 3 + 4  # shared centre cells counted once
+  assert len(scaling.grid(full)) == 5 + 3 + 5  # shared centre cells counted once
+  assert full.dtype == "bfloat16" and load_config().dtype == "float32"
 
 
 def test_width_rule_and_parameter_counts():
   counts = {d: scaling.width_config(d, vocab_size=260, max_seq_len=64).num_params()
-            for d in (64, 256, 768)}
+            for d in (64, 256, 768, 1792)}
   assert counts[64] < 2e5 and 1e6 < counts[256] < 5e6 and 8e7 < counts[768] < 1.1e8
+  assert 1.0e9 < counts[1792] < 1.3e9  # the accelerator mode's ~1B model
+  bf16 = scaling.width_config(64, vocab_size=260, max_seq_len=64, dtype="bfloat16")
+  assert (bf16.param_dtype, bf16.dtype) == ("bfloat16", "bfloat16")
   cfg = scaling.width_config(768, vocab_size=260, max_seq_len=64)
   assert (cfg.n_layers, cfg.n_heads, cfg.resolved_head_dim, cfg.mlp_dim) == (12, 12, 64, 2304)
   assert cfg.eos_token_id is None and cfg.eot_token_id is None

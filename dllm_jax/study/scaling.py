@@ -97,17 +97,19 @@ DECODERS: dict[str, Decoder] = {d.name: d for d in (
 )}
 
 
-def width_config(d_model: int, *, vocab_size: int, max_seq_len: int) -> ModelConfig:
+def width_config(d_model: int, *, vocab_size: int, max_seq_len: int,
+                 dtype: str = "float32") -> ModelConfig:
   """The model of width D: max(2, D/64) layers and heads (head dim 32 at D=64, else 64),
   MLP 3D, no stop ids (every row writes all G tokens). D=64: 0.14M params, 256: 3.5M,
-  768: 92M (vocab 260)."""
+  768: 92M, 1792: 1.2B (vocab 260). `dtype` is both the parameter and the compute dtype."""
   if d_model < 64 or d_model % 64:
     raise ValueError(f"width {d_model} must be a positive multiple of 64 (heads of 64).")
   heads = max(2, d_model // 64)
   return ModelConfig(vocab_size=vocab_size, d_model=d_model, n_layers=heads, n_heads=heads,
                      n_kv_heads=heads, mlp_dim=3 * d_model, max_seq_len=max_seq_len,
                      mask_token_id=MASK_ID, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
-                     eos_token_id=None, eot_token_id=None, name=f"scaling_d{d_model}")
+                     eos_token_id=None, eot_token_id=None, param_dtype=dtype, dtype=dtype,
+                     name=f"scaling_d{d_model}")
 
 
 def estimate_flops(cfg: ModelConfig, plan, batch: int) -> float:
@@ -136,7 +138,8 @@ def check_config(config) -> None:
   for g, b, d in grid(config):
     if g <= 0 or b <= 0:
       raise ValueError(f"gen_length {g} and batch {b} must be positive.")
-    width_config(d, vocab_size=config.vocab_size, max_seq_len=config.prompt_len + g)
+    width_config(d, vocab_size=config.vocab_size, max_seq_len=config.prompt_len + g,
+                 dtype=config.get("dtype", "float32"))
   if config.vocab_size <= FIRST_PROMPT_ID or config.prompt_len <= 0:
     raise ValueError(f"need vocab_size > {FIRST_PROMPT_ID} and prompt_len > 0.")
   if config.block_length < 1 or config.d2f_max_active_blocks < 1:
@@ -232,7 +235,8 @@ def run(config, workdir) -> dict:
   for g, _, d in cells:
     longest[d] = max(longest.get(d, 0), g)
   models = {d: width_config(d, vocab_size=config.vocab_size,
-                            max_seq_len=config.prompt_len + longest[d]) for d in longest}
+                            max_seq_len=config.prompt_len + longest[d],
+                            dtype=config.get("dtype", "float32")) for d in longest}
   jobs, skipped = [], []
   for g, b, d in cells:
     for name in config.decoders:
