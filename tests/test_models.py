@@ -250,3 +250,49 @@ def test_cache_truncate_hides_slots(params, tokens):
   a = _apply(params, q, qpos, positions=qpos, cache=short, write_len=0)[0]
   b = _apply(params, q, qpos, positions=qpos, cache=fresh, write_len=0)[0]
   np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- active vocab
+
+def _favour_padded_ids(params, n):
+  """lm_head columns >= n scaled up, so an unbounded model prefers the padded ids."""
+  head = params["lm_head"]["kernel"]
+  return {**params, "lm_head": {"kernel": head.at[:, n:].multiply(50.0)}}
+
+
+def test_active_vocab_size_floors_padded_logits_only(params, tokens):
+  n = 40
+  bounded = CFG.replace(active_vocab_size=n)
+  want = forward(params, CFG, tokens, attention="bidirectional")
+  got = forward(params, bounded, tokens, attention="bidirectional")
+  np.testing.assert_array_equal(got[..., :n], want[..., :n])
+  assert bool(jnp.all(got[..., n:] == -1e9))
+  # A teacher that gives the padded ids zero probability keeps the distillation loss finite.
+  from dllm_jax.diffusion import losses
+  assert bool(jnp.all(jnp.isfinite(losses.soft_ce(got, got))))
+  assert bool(jnp.all(jax.nn.softmax(got)[..., n:] == 0.0))
+
+
+def test_active_vocab_size_bounds_every_decoder(params):
+  from dllm_jax import decoding
+  n = 40
+  strong = _favour_padded_ids(params, n)
+  prompts = [[1, 5, 6, 7], [1, 9]]
+  for method, opts in (("ar", {}), ("llada", {"steps": 8}),
+                       ("fast_dllm", {"block_length": 4, "threshold": 0.9}),
+                       ("d2f", {"block_size": 4})):
+    free = decoding.generate(strong, CFG, prompts, method=method, gen_length=8, **opts)
+    assert int(jnp.max(free.tokens)) >= n, method  # the test model does reach for them
+    out = decoding.generate(strong, CFG.replace(active_vocab_size=n), prompts, method=method,
+                            gen_length=8, **opts)
+    assert int(jnp.max(out.tokens)) < n, method
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(active_vocab_size=0), "active_vocab_size"),
+    (dict(active_vocab_size=CFG.vocab_size + 1), "active_vocab_size"),
+    (dict(active_vocab_size=CFG.eos_token_id), "could never stop"),
+])
+def test_active_vocab_size_errors(kw, match):
+  with pytest.raises(ValueError, match=match):
+    CFG.replace(**kw)

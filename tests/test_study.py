@@ -119,6 +119,9 @@ def test_for_decoding_merges_adapters_into_the_same_logits():
                                               attention="bidirectional")))) > 1e-2
   np.testing.assert_allclose(got, want, atol=1e-5)
   assert models_lib.for_decoding(merged) is merged  # nothing to merge: unchanged
+  bounded = models_lib.with_active_vocab(merged, 40)
+  assert bounded.model_cfg.active_vocab_size == 40 and bounded.params is merged.params
+  assert models_lib.with_active_vocab(merged, cfg.vocab_size) is merged
 
 
 def test_resolve_options():

@@ -28,12 +28,20 @@ def resolve_dtype(name: str) -> Any:
         f"Unknown dtype {name!r}; use one of {sorted(_DTYPES)}.") from None
 
 
+# Logit of ids >= active_vocab_size: finite, so a loss against a teacher's zero probability
+# there gives 0 * (-1e9) = 0 rather than 0 * -inf = nan; softmax still gives exactly 0.
+ACTIVE_VOCAB_FLOOR = -1e9
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Hyper-parameters of a decoder-only transformer.
 
   Attributes:
     vocab_size: number of token ids (including special ids such as [MASK]).
+    active_vocab_size: if set, ids >= it get the logit ACTIVE_VOCAB_FLOOR, so no decoder
+      proposes them and no loss gives them mass: the rows that pad a vocabulary past its
+      tokenizer's ids (for sharding or alignment) can then never be emitted. None: all ids.
     d_model: residual width D.
     n_layers: number of transformer blocks.
     n_heads: query heads H.
@@ -85,6 +93,7 @@ class ModelConfig:
   pad_token_id: int | None = None
   bos_token_id: int | None = None
   name: str = "custom"
+  active_vocab_size: int | None = None
 
   def __post_init__(self):
     for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
@@ -110,6 +119,15 @@ class ModelConfig:
       raise ValueError(f"lora_rank must be >= 0, got {self.lora_rank}.")
     if not 0.0 <= self.lora_dropout < 1.0:
       raise ValueError(f"lora_dropout must be in [0, 1), got {self.lora_dropout}.")
+    n = self.active_vocab_size
+    if n is not None and (isinstance(n, bool) or not 0 < n <= self.vocab_size):
+      raise ValueError(f"ModelConfig.active_vocab_size={n!r} must lie in (0, vocab_size="
+                       f"{self.vocab_size}]; use None for the whole vocabulary.")
+    for field in ("eos_token_id", "eot_token_id"):
+      value = getattr(self, field)
+      if n is not None and value is not None and value >= n:
+        raise ValueError(f"ModelConfig.{field}={value} is >= active_vocab_size={n}: the model "
+                         "could never stop. Raise active_vocab_size above every stop id.")
     for field in ("mask_token_id", "eos_token_id", "eot_token_id", "pad_token_id",
                   "bos_token_id"):
       value = getattr(self, field)

@@ -17,7 +17,7 @@ import numpy as np
 
 from dllm_jax.models import kv_cache as kvc
 from dllm_jax.models import masks
-from dllm_jax.models.config import ModelConfig
+from dllm_jax.models.config import ACTIVE_VOCAB_FLOOR, ModelConfig
 from dllm_jax.models.layers import MLP, Attention, Dense, RMSNorm
 
 Array = jnp.ndarray
@@ -113,6 +113,9 @@ class Transformer(nn.Module):
       logits = Dense(cfg.vocab_size, ("embed", "vocab"), cfg.jnp_dtype, cfg.jnp_param_dtype,
                      name="lm_head")(hidden)
     logits = logits.astype(jnp.float32)
+    if cfg.active_vocab_size is not None and cfg.active_vocab_size < cfg.vocab_size:
+      ids = jnp.arange(cfg.vocab_size, dtype=jnp.int32)
+      logits = jnp.where(ids < cfg.active_vocab_size, logits, ACTIVE_VOCAB_FLOOR)
     if cfg.shift_logits:  # Dream: the prediction for position i lives at output i - 1.
       logits = jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
     logits = nn.with_logical_constraint(logits, ("batch", "length", "vocab"))

@@ -6,7 +6,8 @@ loaded without training, and an interrupted one resumes. The D2F student starts 
 run (`train.init_from`), so the three models share tokenizer, task suite and canvas layout.
 A student's LoRA adapters are merged into its weights before decoding (`for_decoding`), as
 for deployment: all three models then run the same network, and no decoder pays for the
-adapters' extra matmuls.
+adapters' extra matmuls. Every model decodes over the tokenizer's ids only
+(`with_active_vocab`): the model vocab is padded past them.
 """
 
 from __future__ import annotations
@@ -77,3 +78,11 @@ def for_decoding(model: ckpt_lib.TrainedModel) -> ckpt_lib.TrainedModel:
     return model
   cfg, params = lora.merge_lora(model.params, model.model_cfg)
   return model._replace(params=params, model_cfg=cfg)
+
+
+def with_active_vocab(model: ckpt_lib.TrainedModel, n: int) -> ckpt_lib.TrainedModel:
+  """The model restricted to ids < n (the tokenizer's), when its vocab is padded past them:
+  an undertrained model then cannot emit an id that decodes to nothing."""
+  if n >= model.model_cfg.vocab_size:
+    return model
+  return model._replace(model_cfg=model.model_cfg.replace(active_vocab_size=int(n)))

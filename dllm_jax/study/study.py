@@ -139,6 +139,7 @@ def run(study_config, workdir, *, log=print) -> dict:
   trained = models_lib.ensure_models(study_config, workdir, log=log)
   train_s = time.perf_counter() - started
   tok, suite, layout, examples = held_out(study_config)
+  trained = {k: models_lib.with_active_vocab(m, tok.vocab_size) for k, m in trained.items()}
   gen_length = layout.seq_len - layout.prompt_len
   cells = [dict(c) for c in study_config.methods]
   batch_sizes = [int(b) for b in study_config.eval.batch_sizes]
