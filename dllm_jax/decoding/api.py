@@ -20,6 +20,7 @@ so the tokens equal single-device decoding.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 from collections.abc import Sequence
@@ -69,14 +70,21 @@ def resolve(method: str):
   return getattr(module, entry.function)
 
 
-def option_names(method: str) -> list[str]:
-  """The options `method` accepts (its dataclass fields or keyword-only parameters)."""
+@functools.lru_cache(maxsize=None)
+def _option_names(method: str) -> tuple[str, ...]:
   entry = METHODS[method]
   if entry.options is not None:
-    return [f.name for f in dataclasses.fields(entry.options)]
+    return tuple(f.name for f in dataclasses.fields(entry.options))
   params = inspect.signature(resolve(method)).parameters.values()
-  return [p.name for p in params
-          if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _NOT_OPTIONS]
+  return tuple(p.name for p in params
+               if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _NOT_OPTIONS)
+
+
+def option_names(method: str) -> list[str]:
+  """The options `method` accepts (its dataclass fields or keyword-only parameters)."""
+  if method not in METHODS:
+    resolve(method)  # raises the unknown-method error
+  return list(_option_names(method))
 
 
 # Keywords `generate` owns itself (placement) or that would change its return type.

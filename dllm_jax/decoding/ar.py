@@ -175,6 +175,5 @@ def ar_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=
   opts = base.make_options(AROptions, options)
   base.check_prompts(cfg, prompt_tokens, prompt_valid, opts.gen_length, needs_mask=False)
   rng = jax.random.key(0) if rng is None else rng
-  valid = jnp.ones(np.shape(prompt_tokens), bool) if prompt_valid is None else prompt_valid
-  return _generate(params, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(valid, bool), rng,
-                   cfg=cfg, opts=opts)
+  tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
+  return _generate(params, tokens, valid, rng, cfg=cfg, opts=opts)

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import flax.struct
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -65,6 +66,24 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int, length: int | Non
       tokens[i, length - len(p):] = p
       valid[i, length - len(p):] = True
   return jnp.asarray(tokens), jnp.asarray(valid)
+
+
+def as_input(x, dtype) -> Array | np.ndarray:
+  """A decoder input as `dtype`, left where it is.
+
+  A jax.Array stays on its devices (and keeps its sharding); anything else becomes a NumPy
+  array, which the jitted decoder moves to the device with its other arguments. That is
+  cheaper than a `jnp.asarray` dispatch per input, a cost every short decode pays.
+  """
+  if isinstance(x, jax.Array):
+    return x if x.dtype == dtype else x.astype(dtype)
+  return np.asarray(x, dtype)
+
+
+def prompt_inputs(tokens, valid):
+  """(int32 tokens, bool valid) decoder inputs; valid None means no padding."""
+  valid = np.ones(np.shape(tokens), bool) if valid is None else valid
+  return as_input(tokens, np.int32), as_input(valid, np.bool_)
 
 
 def check_prompts(cfg: ModelConfig, tokens, valid, gen_length: int, *,

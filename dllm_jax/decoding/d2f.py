@@ -362,8 +362,7 @@ def block_diffusion_generate(params, cfg: ModelConfig, prompt_tokens, prompt_val
 def _generate(params, cfg, spec, limits, prompt, valid, rng, mesh, rules, return_state):
   """Checks the prompts, places inputs on the mesh, runs the jitted decode."""
   base.check_prompts(cfg, prompt, valid, spec.gen_length)
-  prompt = jnp.asarray(prompt, jnp.int32)
-  valid = jnp.ones(prompt.shape, bool) if valid is None else jnp.asarray(valid, bool)
+  prompt, valid = base.prompt_inputs(prompt, valid)
   rng = jax.random.key(0) if rng is None else rng
   if mesh is None:
     out, state = decode(params, prompt, valid, rng, limits, cfg=cfg, spec=spec)

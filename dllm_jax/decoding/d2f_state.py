@@ -31,6 +31,7 @@ import dataclasses
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dllm_jax.decoding import base, sampling
 from dllm_jax.models import kv_cache as kvc
@@ -108,9 +109,10 @@ class Thresholds:
 
   @classmethod
   def create(cls, block_size: int, tau_add: float, tau_act: float, tau_conf: float):
-    return cls(add_count=jnp.asarray(fraction_to_count(tau_add, block_size), jnp.int32),
-               act_count=jnp.asarray(fraction_to_count(tau_act, block_size), jnp.int32),
-               tau_conf=jnp.asarray(tau_conf, jnp.float32))
+    # NumPy scalars: the jitted decoder transfers them with its other arguments.
+    return cls(add_count=np.asarray(fraction_to_count(tau_add, block_size), np.int32),
+               act_count=np.asarray(fraction_to_count(tau_act, block_size), np.int32),
+               tau_conf=np.asarray(tau_conf, np.float32))
 
 
 @flax.struct.dataclass

@@ -277,9 +277,8 @@ def llada_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, r
   opts = base.make_options(LLaDAOptions, options)
   check(cfg, prompt_tokens, prompt_valid, opts)
   rng = jax.random.key(0) if rng is None else rng
-  valid = jnp.ones(np.shape(prompt_tokens), bool) if prompt_valid is None else prompt_valid
-  return _generate(params, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(valid, bool), rng,
-                   cfg=cfg, opts=opts)
+  tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
+  return _generate(params, tokens, valid, rng, cfg=cfg, opts=opts)
 
 
 def dream_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None,
