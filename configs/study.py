@@ -14,7 +14,8 @@ Modes:
   ""     two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16): fits 15 minutes.
   long   three-digit addition worked column by column (`long_addition:2`, 31-character
          answers, G = 32): the regime the published D2F ratios come from. The MDM needs far
-         more steps on it, so this mode takes ~45 minutes on 2 CPU cores.
+         more steps on it, so this mode takes ~45 minutes on 2 CPU cores. The D2F student
+         trains with the reference's block size, 16.
   full   a 4x wider model on a longer-answer mixture, 10x the steps: for an accelerator.
 """
 
@@ -26,7 +27,7 @@ from ml_collections import config_dict
 _HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ("", "long", "full")
 # mode -> (tasks, canvas block: G is the longest answer + EOS rounded up to it, D2F train block)
-DATA = {"": ("arithmetic:1", 16, 4), "long": ("long_addition:2", 8, 8),
+DATA = {"": ("arithmetic:1", 16, 4), "long": ("long_addition:2", 8, 16),
         "full": ("arithmetic:2,arithmetic:4,running_sum:2", 16, 4)}
 STEPS = {"": {"ar": 1500, "mdm": 3000, "d2f": 1000},
          "long": {"ar": 1500, "mdm": 6000, "d2f": 1500},
@@ -44,7 +45,7 @@ def _methods(mode: str, gen_length: int, train_block: int):
   """The decoding grid. Vanilla LLaDA is one block over the whole canvas, one token a step."""
   g = gen_length
   d2f = []
-  for block in ((4, 8) if mode != "full" else (8, 16)):
+  for block in {"": (4, 8), "long": (8, 16), "full": (8, 16)}[mode]:
     for active in (None, 2):
       for tau in (0.9, 0.7, 0.5):
         bound = "" if active is None else f" A={active}"
@@ -113,6 +114,9 @@ def get_config(mode: str = ""):
   # GB/s for AR's weight-streaming bound; 0 = nominal peak of a known accelerator, or a
   # measured copy on a CPU (dllm_jax.study.roofline).
   c.eval.memory_bandwidth_gbps = 0.0
+  # Timing on a shared machine: cells are timed round-robin batch by batch, and each batch is
+  # decoded this many times in a row, its fastest wall time counting (study/runner.py).
+  c.eval.timing_repeats = 3
   c.methods = _methods(mode, _gen_length(c.data), train_block)
   c.lock()
   return c

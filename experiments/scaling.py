@@ -1,6 +1,6 @@
 """Scaling mode of the speed study: a thin shell around `dllm_jax.study.scaling.run`.
 
-  python experiments/scaling.py --config configs/scaling.py --workdir runs/scaling
+  python experiments/scaling.py      # = --config configs/scaling.py --workdir runs/scaling
   python experiments/scaling.py --config configs/scaling.py:full --workdir runs/scaling_full
 
 Writes scaling.json, scaling.md (also printed), cost_vs_length.png and breakeven_vs_width.png
@@ -12,10 +12,9 @@ from ml_collections import config_flags
 
 from dllm_jax.study import scaling
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/scaling.py[:full]",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory.")
-flags.mark_flags_as_required(["config", "workdir"])
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/scaling.py",
+                                          "configs/scaling.py[:full]", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", "runs/scaling", "Output directory.")
 
 
 def main(argv):

@@ -1,8 +1,10 @@
 """The study's accounting (tokens, accuracy, JSON schema) and a seconds-long end-to-end run."""
 
+import dataclasses
 import importlib.util
 import json
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -15,9 +17,10 @@ from dllm_jax.data.tokenizers import CharTokenizer
 from dllm_jax.data.tasks import TASK_ALPHABET
 from dllm_jax.models import forward, get_preset, init_params
 from dllm_jax.models.lora import add_lora, has_lora
-from dllm_jax.study import accounting, report, study
+from dllm_jax.decoding.base import DecodeOutput
+from dllm_jax.study import accounting, report, runner, study
 from dllm_jax.study import models as models_lib
-from dllm_jax.training.checkpoint import TrainedModel
+from dllm_jax.training.checkpoint import CheckpointError, TrainedModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,7 +84,9 @@ def test_verdict_reports_every_d2f_cell():
   v = study.verdict(rows, task="arithmetic", llada_label="llada")
   assert [x["label"] for x in v["d2f_cells"]] == ["d2f fast", "d2f good"]
   assert v["ar_claim_met_by"] == ["d2f good"]          # fast one loses 30 points
-  assert v["llada_claim_met_by"] == ["d2f fast", "d2f good"]
+  assert v["llada_claim_met_by"] == ["d2f good"]       # ... to vanilla LLaDA too
+  assert [x["speedup_vs_llada"] for x in v["d2f_cells"]] == [50.0, 30.0]
+  assert [round(x["accuracy_gap_vs_llada_points"]) for x in v["d2f_cells"]] == [30, 0]
   assert "NOT MET" not in study.verdict_text(v)
   front = report.pareto_front(rows)
   assert {r.label for r in front} == {"d2f fast", "d2f good", "ar", "d2f b16"} - {"ar"}
@@ -184,3 +189,58 @@ def test_micro_study_end_to_end(tmp_path, monkeypatch):
   logs = []
   study.run(_micro_config(), "study", log=logs.append)
   assert any("cached model" in line for line in logs)
+  # A cached model trained with another config is refused, never silently reused.
+  changed = _micro_config()
+  with changed.unlocked():
+    changed.models.ar.opt.lr = 0.5
+  with pytest.raises(CheckpointError, match=r"(?s)cached ar model.*opt\.lr: .* -> 0\.5"):
+    study.run(changed, "study", log=lambda *_: None)
+
+
+def test_run_cells_interleaves_batches_and_keeps_the_fastest_repeat():
+  tok = CharTokenizer(TASK_ALPHABET)
+  examples = [Example(f"{i}+1=", str(i + 1), str(i + 1), "arithmetic") for i in range(5)]
+
+  class Layout:  # row i of the encoded prompts is all i: a decoder can tell which prompt it got
+    tokenizer = tok
+
+    def encode_prompts(self, prompts, length):
+      rows = np.repeat(np.arange(len(prompts))[:, None], length, 1).astype(np.int32)
+      return {"tokens": rows, "valid": np.ones_like(rows, bool)}
+
+  calls = []
+
+  def decoder(label, offset):
+    def decode(params, tokens, valid, rng):
+      first = int(tokens[0, 0])
+      calls.append((label, first))
+      if len(calls) % 2:  # every other call is slow: the fastest repeat must be the one kept
+        time.sleep(0.02)
+      answers = [tok.encode(str(int(r[0]) + offset)) for r in tokens]
+      width = max(map(len, answers))
+      out = np.zeros((len(answers), width), np.int32)
+      for r, a in enumerate(answers):
+        out[r, :len(a)] = a
+      return DecodeOutput(tokens=out, lengths=np.array([len(a) for a in answers]),
+                          nfe=np.array(3), steps=np.array(3),
+                          committed=np.array([len(a) for a in answers]),
+                          done=np.ones(len(answers), bool))
+    return decode
+
+  cells = [runner.Cell(decoder("good", 1), None, "ar", "good", {}, 2),
+           runner.Cell(decoder("bad", 2), None, "d2f", "bad", {}, 2)]
+  good, bad = runner.run_cells(cells, layout=Layout(), suite=TaskSuite.parse("arithmetic:1"),
+                               examples=examples, prompt_len=4, repeats=2)
+  compile_calls, timed = calls[:2], calls[2:]
+  assert compile_calls == [("good", 0), ("bad", 0)]
+  assert timed == [(label, b) for b in (0, 2, 4) for label in ("good", "good", "bad", "bad")]
+  assert (good.num_correct, bad.num_correct) == (5, 0)
+  assert good.num_prompts == bad.num_prompts == 5 and good.nfe == 9
+  assert good.response_tokens == sum(len(str(i + 1)) for i in range(5))
+  assert good.wall_s < 0.02 and bad.wall_s < 0.02  # every batch had one fast repeat
+  with pytest.raises(ValueError, match="one batch size"):
+    runner.run_cells([cells[0], dataclasses.replace(cells[1], batch_size=4)], layout=Layout(),
+                     suite=None, examples=examples, prompt_len=4)
+  with pytest.raises(ValueError, match="repeats"):
+    runner.run_cells(cells, layout=Layout(), suite=None, examples=examples, prompt_len=4,
+                     repeats=0)

@@ -20,6 +20,7 @@ from ml_collections import config_dict
 
 from dllm_jax.models import lora
 from dllm_jax.training import checkpoint as ckpt_lib
+from dllm_jax.training import config as config_lib
 from dllm_jax.training import trainer
 
 ORDER = ("ar", "mdm", "d2f")  # d2f distils from mdm, so mdm trains first
@@ -50,25 +51,48 @@ def is_trained(workdir, name: str, steps: int) -> bool:
   return bool(done) and max(done) >= steps
 
 
+def cache_mismatch(workdir, name: str, cfg) -> list[str]:
+  """Why the cached run of `name` is not the model `cfg` describes ([] when it is).
+
+  Compares the run's saved config with `cfg` (keys a resumed run may change are ignored, and
+  so is the spelling of `train.init_from`: the student always starts from this workdir's MDM).
+  """
+  saved = ckpt_lib.read_config(run_dir(workdir, name))
+  if saved is None:
+    return [f"{run_dir(workdir, name)} has no {ckpt_lib.CONFIG_FILE}"]
+  return [d for d in config_lib.config_differences(saved, cfg)
+          if not d.startswith("train.init_from:")]
+
+
 def ensure_models(study_config, workdir, *, log: Callable[[str], None] = print) -> dict:
   """Trains missing models (resuming partial runs) and loads all of them.
 
-  Returns {name: TrainedModel(params, model_cfg, config)}.
+  A cached model is used only if it was trained with this study's config, and it is loaded
+  at exactly the configured step; otherwise a CheckpointError says what differs and how to
+  retrain. Returns {name: TrainedModel(params, model_cfg, config)}.
   """
   models = {}
   for name in ORDER:
     if name not in study_config.models:
       continue
     cfg = training_config(study_config, name, workdir)
-    steps = int(cfg.train.steps)
+    steps, path = int(cfg.train.steps), run_dir(workdir, name)
     if is_trained(workdir, name, steps):
-      log(f"[study] {name}: using the cached model in {run_dir(workdir, name)}")
+      diffs = cache_mismatch(workdir, name, cfg)
+      if steps not in ckpt_lib.steps_in(path):
+        diffs.append(f"checkpoints {ckpt_lib.steps_in(path)} hold none at train.steps={steps}")
+      if diffs:
+        raise ckpt_lib.CheckpointError(
+            f"the cached {name} model in {path} is not the one this study config trains:\n  "
+            + "\n  ".join(diffs) + f"\nDelete {path} (and, for the mdm, the d2f run that "
+            "distils it) to retrain, or pass another --workdir.")
+      log(f"[study] {name}: using the cached model in {path}")
     else:
-      log(f"[study] {name}: training {steps} steps into {run_dir(workdir, name)}")
-      final = trainer.train(cfg, run_dir(workdir, name))
+      log(f"[study] {name}: training {steps} steps into {path}")
+      final = trainer.train(cfg, path)
       log(f"[study] {name}: done, " + ", ".join(
           f"{k}={v:.4g}" for k, v in sorted(final.items()) if k.startswith("eval/")))
-    models[name] = for_decoding(ckpt_lib.load_params(run_dir(workdir, name)))
+    models[name] = for_decoding(ckpt_lib.load_params(path, step=steps))
   return models
 
 

@@ -1,16 +1,22 @@
-"""Runs one decoder over a prompt set and tallies accuracy, tokens/s, latency and NFE.
+"""Runs decoders over a prompt set and tallies accuracy, tokens/s, latency and NFE.
 
-A *cell* of the study is (method, setting, batch size). Each cell:
-  1. encodes the held-out prompts left-padded to one fixed length P (static shapes, so one
-     compile serves every batch);
-  2. runs the first batch once untimed to compile (reported as `compile_s`);
-  3. times every batch from dispatch to the result on the host (`block_until_ready`), scores the
-     decoded responses and tallies tokens, forwards and correct answers (accounting.py).
+A *cell* of the study is (method, setting, batch size). The cells of one batch size run
+together, timed so that their ratios survive a shared, noisy machine:
+  1. the held-out prompts are encoded once, left-padded to one fixed length P (static shapes,
+     so one compile serves every batch);
+  2. every cell runs its first batch once untimed to compile (reported as `compile_s`);
+  3. batches are timed round-robin over the cells (batch 0 of every cell, then batch 1, ...):
+     a slow spell of the machine hits every cell alike instead of whichever cell ran then;
+  4. each batch is decoded `repeats` times in a row and its fastest wall time counts (dispatch
+     to the result on the host), which filters out brief interference. The decoders are
+     deterministic for a fixed key, so every repeat returns the same tokens; the last ones are
+     scored, and tokens, forwards and correct answers are tallied (accounting.py).
 Rows added to fill the last batch are decoded but never counted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -23,49 +29,71 @@ from dllm_jax.study import accounting
 DecodeFn = Callable[..., DecodeOutput]  # (params, tokens[B,P], valid[B,P], rng) -> output
 
 
-def _batches(n: int, batch_size: int):
-  for start in range(0, n, batch_size):
-    yield start, min(start + batch_size, n)
+@dataclasses.dataclass
+class Cell:
+  """One decoder bound to its options and params, at one batch size."""
+  decode: DecodeFn
+  params: object
+  method: str
+  label: str
+  setting: dict
+  batch_size: int
 
 
-def run_cell(decode: DecodeFn, params, *, layout, suite, examples: Sequence,
-             batch_size: int, method: str, label: str, setting: dict, prompt_len: int,
-             seed: int = 0, on_batch: Callable[[], None] | None = None
-             ) -> accounting.MethodResult:
-  """Decodes `examples` in batches of `batch_size` and returns the cell's tally.
+def _batches(n: int, batch_size: int) -> list[tuple[int, int]]:
+  return [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
+
+
+def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, prompt_len: int,
+              seed: int = 0, repeats: int = 1, on_batch: Callable[[], None] | None = None
+              ) -> list[accounting.MethodResult]:
+  """Decodes `examples` with every cell, interleaved batch by batch; one tally per cell.
 
   Args:
-    decode: a jitted decoder bound to its options: (params, tokens, valid, rng) -> DecodeOutput.
+    cells: cells of ONE batch size (they share the batching).
     layout: an SFTLayout (its tokenizer decodes responses; its prompt encoding matches training).
     suite: the TaskSuite that scores responses.
     examples: held-out Examples; prompts are left-padded to `prompt_len`.
+    repeats: timed decodes per batch; the fastest counts.
+    on_batch: called after each (cell, batch).
   """
-  tally = accounting.Tally(method, label, setting, batch_size)
+  if not cells:
+    return []
+  sizes = {c.batch_size for c in cells}
+  if len(sizes) != 1:
+    raise ValueError(f"run_cells times cells of one batch size together, got {sorted(sizes)}.")
+  if repeats < 1:
+    raise ValueError(f"repeats must be >= 1, got {repeats}.")
+  batch_size = sizes.pop()
   enc = layout.encode_prompts([ex.prompt for ex in examples], length=prompt_len)
   tokens, valid = enc["tokens"], enc["valid"]
   n = len(examples)
   rng = jax.random.key(seed)
+  tallies = [accounting.Tally(c.method, c.label, c.setting, batch_size) for c in cells]
 
   def batch(start, stop):
     idx = np.arange(start, start + batch_size) % n  # pad the last batch with repeats
     return tokens[idx], valid[idx], stop - start
 
-  t0 = time.perf_counter()
   tok0, val0, _ = batch(0, min(batch_size, n))
-  jax.block_until_ready(decode(params, tok0, val0, rng))
-  tally.result.compile_s = time.perf_counter() - t0
+  for cell, tally in zip(cells, tallies):
+    t0 = time.perf_counter()
+    jax.block_until_ready(cell.decode(cell.params, tok0, val0, rng))
+    tally.result.compile_s = time.perf_counter() - t0
 
   for i, (start, stop) in enumerate(_batches(n, batch_size)):
     btok, bval, real = batch(start, stop)
     key = jax.random.fold_in(rng, i)
-    t0 = time.perf_counter()
-    out = decode(params, btok, bval, key)
-    out = jax.device_get(out)
-    wall = time.perf_counter() - t0
-    texts = accounting.response_texts(layout.tokenizer, out.tokens, out.lengths)
-    correct = accounting.score(suite, examples[start:stop], texts[:real])
-    tally.add(out.lengths, correct, real, wall, int(out.nfe), int(out.steps),
-              [ex.task for ex in examples[start:stop]])
-    if on_batch is not None:
-      on_batch()
-  return tally.result
+    for cell, tally in zip(cells, tallies):
+      walls = []
+      for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = jax.device_get(cell.decode(cell.params, btok, bval, key))
+        walls.append(time.perf_counter() - t0)
+      texts = accounting.response_texts(layout.tokenizer, out.tokens, out.lengths)
+      correct = accounting.score(suite, examples[start:stop], texts[:real])
+      tally.add(out.lengths, correct, real, min(walls), int(out.nfe), int(out.steps),
+                [ex.task for ex in examples[start:stop]])
+      if on_batch is not None:
+        on_batch()
+  return [t.result for t in tallies]
