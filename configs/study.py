@@ -116,7 +116,7 @@ def get_config(mode: str = ""):
   c.eval.memory_bandwidth_gbps = 0.0
   # Timing on a shared machine: cells are timed round-robin batch by batch, and each batch is
   # decoded this many times in a row, its fastest wall time counting (study/runner.py).
-  c.eval.timing_repeats = 3
+  c.eval.timing_repeats = 5
   c.methods = _methods(mode, _gen_length(c.data), train_block)
   c.lock()
   return c

@@ -238,6 +238,7 @@ def test_run_cells_interleaves_batches_and_keeps_the_fastest_repeat():
   assert good.num_prompts == bad.num_prompts == 5 and good.nfe == 9
   assert good.response_tokens == sum(len(str(i + 1)) for i in range(5))
   assert good.wall_s < 0.02 and bad.wall_s < 0.02  # every batch had one fast repeat
+  assert good.wall_median_s > 0.02  # ... and one slow one, which the median keeps
   with pytest.raises(ValueError, match="one batch size"):
     runner.run_cells([cells[0], dataclasses.replace(cells[1], batch_size=4)], layout=Layout(),
                      suite=None, examples=examples, prompt_len=4)

@@ -39,6 +39,8 @@ class MethodResult:
   nfe: int
   loop_steps: int
   per_task: dict = dataclasses.field(default_factory=dict)  # task -> [correct, total]
+  # wall_s sums each batch's fastest timed decode; this sums their medians (same batches).
+  wall_median_s: float = 0.0
 
   def task_accuracy(self, task: str) -> float:
     correct, total = self.per_task.get(task, (0, 0))
@@ -51,6 +53,11 @@ class MethodResult:
   @property
   def tokens_per_s(self) -> float:
     return self.response_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+  @property
+  def tokens_per_s_median(self) -> float:
+    """tokens_per_s from the median instead of the fastest of each batch's timed repeats."""
+    return self.response_tokens / self.wall_median_s if self.wall_median_s > 0 else 0.0
 
   @property
   def latency_per_prompt_s(self) -> float:
@@ -69,6 +76,7 @@ class MethodResult:
   def to_json(self) -> dict:
     out = dataclasses.asdict(self)
     out.update(accuracy=self.accuracy, tokens_per_s=self.tokens_per_s,
+               tokens_per_s_median=self.tokens_per_s_median,
                latency_per_prompt_s=self.latency_per_prompt_s,
                nfe_per_prompt=self.nfe_per_prompt, tokens_per_forward=self.tokens_per_forward)
     return out
@@ -81,7 +89,8 @@ class Tally:
     self.result = MethodResult(method, label, dict(setting), batch_size, 0, 0, 0, 0.0, 0.0, 0, 0)
 
   def add(self, lengths: np.ndarray, correct: Sequence[bool], real_rows: int, wall_s: float,
-          nfe: int, steps: int, tasks: Sequence[str] = ()) -> None:
+          nfe: int, steps: int, tasks: Sequence[str] = (), wall_median_s: float | None = None
+          ) -> None:
     lengths = np.asarray(lengths)[:real_rows]
     r = self.result
     for task, hit in zip(tasks[:real_rows], correct[:real_rows]):
@@ -91,6 +100,7 @@ class Tally:
     r.num_correct += int(np.sum(np.asarray(correct, bool)[:real_rows]))
     r.response_tokens += int(np.sum(lengths))
     r.wall_s += float(wall_s)
+    r.wall_median_s += float(wall_s if wall_median_s is None else wall_median_s)
     r.nfe += int(nfe)
     r.loop_steps += int(steps)
 
@@ -151,7 +161,7 @@ _RESULT_FIELDS = {
     "num_correct": int, "response_tokens": int, "wall_s": float, "compile_s": float,
     "nfe": int, "loop_steps": int, "accuracy": float, "tokens_per_s": float,
     "latency_per_prompt_s": float, "nfe_per_prompt": float, "tokens_per_forward": float,
-    "per_task": dict,
+    "per_task": dict, "wall_median_s": float, "tokens_per_s_median": float,
 }
 
 

@@ -8,7 +8,8 @@ together, timed so that their ratios survive a shared, noisy machine:
   3. batches are timed round-robin over the cells (batch 0 of every cell, then batch 1, ...):
      a slow spell of the machine hits every cell alike instead of whichever cell ran then;
   4. each batch is decoded `repeats` times in a row and its fastest wall time counts (dispatch
-     to the result on the host), which filters out brief interference. The decoders are
+     to the result on the host), which filters out brief interference; the median of the
+     repeats is kept too (`wall_median_s`), for a reader who wants the typical time. The decoders are
      deterministic for a fixed key, so every repeat returns the same tokens; the last ones are
      scored, and tokens, forwards and correct answers are tallied (accounting.py).
 Rows added to fill the last batch are decoded but never counted.
@@ -93,7 +94,7 @@ def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, promp
       texts = accounting.response_texts(layout.tokenizer, out.tokens, out.lengths)
       correct = accounting.score(suite, examples[start:stop], texts[:real])
       tally.add(out.lengths, correct, real, min(walls), int(out.nfe), int(out.steps),
-                [ex.task for ex in examples[start:stop]])
+                [ex.task for ex in examples[start:stop]], wall_median_s=float(np.median(walls)))
       if on_batch is not None:
         on_batch()
   return [t.result for t in tallies]
