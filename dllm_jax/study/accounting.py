@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: wall_median_s and tokens_per_s_median per result
 
 
 @dataclasses.dataclass

@@ -46,7 +46,7 @@ from dllm_jax.models.config import ModelConfig
 from dllm_jax.models.transformer import init_params
 from dllm_jax.study import accounting, roofline
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: param_bytes, weight_read_s and fwd_per_weight_read per cell
 MASK_ID, PAD_ID, BOS_ID = 3, 0, 1
 FIRST_PROMPT_ID = 4  # prompt tokens are drawn from [4, vocab): never a special id
 
