@@ -1,6 +1,6 @@
 """The speed-versus-quality study (the README's main job).
 
-  python experiments/study.py                                  # default CPU run, ~15 min
+  python experiments/study.py                                  # default CPU run, ~11 min
   python experiments/study.py --config configs/study.py:long   # long answers, ~35 min on CPU
   python experiments/study.py --config configs/study.py:full   # larger, for an accelerator
 
@@ -11,7 +11,7 @@ from configs/{ar,mdm,d2f}_tiny.py; this file only sets what the study must hold 
 canvas, steps) and the decoding grid. Every setting listed here is reported; none is dropped.
 
 Modes:
-  ""     two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16): ~12 minutes.
+  ""     two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16): ~11 minutes.
   long   three-digit addition worked column by column (`long_addition:2`, 31-character
          answers, G = 32): the regime the published D2F ratios come from. The MDM needs far
          more steps on it, so this mode takes ~35 minutes on 2 idle CPU cores. The D2F student
