@@ -105,3 +105,30 @@ def test_command_line_typo_is_an_error(tmp_path):
   assert proc.returncode != 0
   assert 'Did you mean "steps"' in proc.stderr
   assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("mode", ["", "long", "full"])
+def test_every_study_mode_trains_valid_models(mode, tmp_path):
+  """Each mode's three training configs validate, fit their rows and build abstractly: the
+  accelerator mode cannot be run here, so this is its guard against a config that fails
+  only when a device is finally lent."""
+  from dllm_jax.study import models as models_lib
+  from dllm_jax.training import data as data_lib
+  spec = importlib.util.spec_from_file_location("study_cfg", os.path.join(REPO, "configs",
+                                                                          "study.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  study = module.get_config(mode)
+  for name in models_lib.ORDER:
+    config = models_lib.training_config(study, name, tmp_path)
+    config_lib.validate(config)
+    model_cfg = config_lib.model_config(config)
+    tok = data_lib.make_tokenizer(config.data)
+    data_lib.check_compatible(model_cfg, tok, data_lib.make_layout(config.data, tok))
+    tx = opt_lib.make_optimizer(config.opt, int(config.train.steps))
+    boxed = state_lib.abstract_state(model_cfg, tx, config.opt.trainable)
+    assert jax.tree.leaves(boxed.params)
+  d2f_block = study.models.d2f.objective.options["block_size"]
+  assert module._gen_length(study.data) % d2f_block == 0  # the student's blocks tile G
+  with pytest.raises(ValueError, match="unknown study mode"):
+    module.get_config("fast")
