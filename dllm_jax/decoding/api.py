@@ -112,8 +112,7 @@ def as_prompt_batch(cfg: ModelConfig, prompts):
                for r in rows):
       rows = None
   if rows is not None:
-    tokens, valid = base.pad_prompts([r.tolist() for r in rows], base.output_pad_id(cfg))
-    return np.asarray(tokens), np.asarray(valid)
+    return base.pad_prompts([r.tolist() for r in rows], base.output_pad_id(cfg))
   raise ValueError("prompts must be a non-empty list of token-id lists or a (tokens [B, P], "
                    "valid [B, P]) pair; use dllm_jax.decoding.pad_prompts for the latter.")
 

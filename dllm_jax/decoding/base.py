@@ -50,7 +50,8 @@ class DecodeOutput:
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int, length: int | None = None):
-  """Left-pads token lists into ([B, P] int32 tokens, [B, P] bool valid)."""
+  """Left-pads token lists into ([B, P] int32 tokens, [B, P] bool valid) NumPy arrays (the
+  jitted decoders move them to the device with their other arguments)."""
   if not prompts:
     raise ValueError("Empty prompt batch: pass at least one prompt.")
   longest = max(len(p) for p in prompts)
@@ -65,7 +66,7 @@ def pad_prompts(prompts: Sequence[Sequence[int]], pad_id: int, length: int | Non
     if len(p):
       tokens[i, length - len(p):] = p
       valid[i, length - len(p):] = True
-  return jnp.asarray(tokens), jnp.asarray(valid)
+  return tokens, valid
 
 
 def as_input(x, dtype) -> Array | np.ndarray:

@@ -1,8 +1,9 @@
 """The study's trained models: train once, then load from the local orbax cache.
 
 Each model is an ordinary training run (`dllm_jax.training.trainer.train`) in
-`<workdir>/models/<name>`; a run whose latest checkpoint is already at its final step is
-loaded without training, and an interrupted one resumes. The D2F student starts from the MDM
+`<workdir>/models/<name>`; a run that reached its final step with this study's config is
+loaded at that step without training (a run with another config is refused, naming the
+differences), and an interrupted one resumes. The D2F student starts from the MDM
 run (`train.init_from`), so the three models share tokenizer, task suite and canvas layout.
 A student's LoRA adapters are merged into its weights before decoding (`for_decoding`), as
 for deployment: all three models then run the same network, and no decoder pays for the
@@ -78,9 +79,9 @@ def ensure_models(study_config, workdir, *, log: Callable[[str], None] = print) 
     cfg = training_config(study_config, name, workdir)
     steps, path = int(cfg.train.steps), run_dir(workdir, name)
     if is_trained(workdir, name, steps):
-      diffs = cache_mismatch(workdir, name, cfg)
-      if steps not in ckpt_lib.steps_in(path):
-        diffs.append(f"checkpoints {ckpt_lib.steps_in(path)} hold none at train.steps={steps}")
+      diffs, done = cache_mismatch(workdir, name, cfg), ckpt_lib.steps_in(path)
+      if steps not in done:
+        diffs.append(f"checkpoints {done} hold none at train.steps={steps}")
       if diffs:
         raise ckpt_lib.CheckpointError(
             f"the cached {name} model in {path} is not the one this study config trains:\n  "
