@@ -1,8 +1,10 @@
 """The speed-versus-quality study (the README's main job).
 
-  python experiments/study.py                                  # default CPU run, ~11 min
-  python experiments/study.py --config configs/study.py:long   # long answers, ~35 min on CPU
-  python experiments/study.py --config configs/study.py:full   # larger, for an accelerator
+  python experiments/study.py           # default CPU run, ~11 min   (workdir runs/study)
+  python experiments/study.py --long    # long answers, ~35 min on CPU (runs/study_long)
+  python experiments/study.py --full    # larger, for an accelerator  (runs/study_full)
+
+`--long` / `--full` stand for `--config configs/study.py:long` / `:full`.
 
 Three models of the same size on the same synthetic data: an AR model, a masked-diffusion
 model (MDM), and a D2F student distilled from the MDM (LoRA, block-causal). Every decoder then
@@ -81,6 +83,7 @@ def get_config(mode: str = ""):
   full = mode == "full"
   tasks, block, train_block = DATA[mode]
   c = config_dict.ConfigDict()
+  c.mode = mode  # names the default workdir: runs/study, runs/study_long, runs/study_full
   c.models = config_dict.ConfigDict()
   c.models.ar = _load("ar_tiny")
   c.models.mdm = _load("mdm_tiny")

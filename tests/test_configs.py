@@ -132,3 +132,25 @@ def test_every_study_mode_trains_valid_models(mode, tmp_path):
   assert module._gen_length(study.data) % d2f_block == 0  # the student's blocks tile G
   with pytest.raises(ValueError, match="unknown study mode"):
     module.get_config("fast")
+
+
+def test_study_cli_shorthands_and_default_workdirs():
+  """`--long` / `--full` stand for the mode's --config; each mode has its own workdir."""
+  from absl import app
+  spec = importlib.util.spec_from_file_location(
+      "study_cli", os.path.join(REPO, "experiments", "study.py"))
+  cli = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(cli)
+  assert cli.expand_shorthands(["s", "--workdir=w"]) == ["s", "--workdir=w"]
+  assert cli.expand_shorthands(["s", "--full", "--config.eval.seed=1"]) == [
+      "s", "--config=configs/study.py:full", "--config.eval.seed=1"]
+  for argv in (["s", "--long", "--full"], ["s", "--full", "--config=configs/study.py"],
+               ["s", "--long", "--config", "configs/study.py:long"]):
+    with pytest.raises(app.UsageError, match="pass one study mode"):
+      cli.expand_shorthands(argv)
+  study_cfg = importlib.util.spec_from_file_location(
+      "study_cfg2", os.path.join(REPO, "configs", "study.py"))
+  module = importlib.util.module_from_spec(study_cfg)
+  study_cfg.loader.exec_module(module)
+  assert [cli.default_workdir(module.get_config(m)) for m in ("", "long", "full")] == [
+      "runs/study", "runs/study_long", "runs/study_full"]
