@@ -2,11 +2,15 @@
 
   python experiments/scaling.py --config configs/scaling.py --workdir runs/scaling
   python experiments/scaling.py --config configs/scaling.py:full --workdir runs/scaling_full
+  python experiments/scaling.py --config configs/scaling.py:1b --workdir runs/scaling_1b
 
 Random-weight models without stop ids, every decoder at one token per forward; see
 `dllm_jax.study.scaling`. The default sweep fits a few minutes on a 2-core CPU: the width
 line runs at G=64, and cells whose estimated compute exceeds `max_cell_tflop` are skipped
-(and listed as skipped). `full` is the whole grid for an accelerator, with no cap.
+(and listed as skipped). `full` is the whole grid for an accelerator, with no cap. `1b` is
+only its weight-streaming point: AR, Fast-dLLM (dual cache) and D2F at batch 1 and G = 256
+on the 92M and 1.2B bf16 models, a few minutes on one accelerator
+(experiments/accelerator_check.sh runs it).
 """
 
 from ml_collections import config_dict
@@ -15,10 +19,14 @@ DECODERS = ("ar", "llada", "fast_dllm_none", "fast_dllm_prefix", "fast_dllm_dual
             "block_diffusion")
 
 
+MODES = ("cpu", "full", "1b")
+
+
 def get_config(mode: str = "cpu"):
-  if mode not in ("cpu", "full"):
-    raise ValueError(f"Unknown scaling mode {mode!r}; use 'cpu' (default) or 'full'.")
-  full = mode == "full"
+  if mode not in MODES:
+    raise ValueError(f"Unknown scaling mode {mode!r}; use one of {MODES} ('cpu' is the "
+                     "default).")
+  full = mode in ("full", "1b")
   c = config_dict.ConfigDict()
   c.mode = mode
   c.seed = 0
@@ -49,4 +57,7 @@ def get_config(mode: str = "cpu"):
   c.memory_bandwidth_gbps = 0.0
   # Parameter and compute dtype of the random-weight models (bf16 as served on accelerators).
   c.dtype = "bfloat16" if full else "float32"
+  if mode == "1b":  # the width line's two largest models only, at batch 1
+    c.decoders = ("ar", "fast_dllm_dual", "d2f")
+    c.lengths.sweep, c.batches.sweep, c.widths.sweep = (), (), (768, 1792)
   return c

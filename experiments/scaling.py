@@ -2,9 +2,11 @@
 
   python experiments/scaling.py      # = --config configs/scaling.py --workdir runs/scaling
   python experiments/scaling.py --config configs/scaling.py:full --workdir runs/scaling_full
+  python experiments/scaling.py --config configs/scaling.py:1b --workdir runs/scaling_1b
 
-Writes scaling.json, scaling.md (also printed), cost_vs_length.png and breakeven_vs_width.png
-to --workdir. Any config key can be overridden, e.g. --config.max_cell_tflop=2.
+Writes scaling.json, scaling.md (also printed), breakeven_vs_width.png and, when the config
+sweeps G, cost_vs_length.png to --workdir. Any config key can be overridden, e.g.
+--config.max_cell_tflop=2.
 """
 
 from absl import app, flags

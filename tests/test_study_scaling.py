@@ -124,6 +124,15 @@ def test_grid_is_three_deduplicated_lines():
   full = load_config("full")
   assert len(scaling.grid(full)) == 5 + 3 + 5  # shared centre cells counted once
   assert full.dtype == "bfloat16" and load_config().dtype == "float32"
+  point = load_config("1b")  # the accelerator check's weight-streaming point
+  assert scaling.grid(point) == [(256, 1, 768), (256, 1, 1792)]
+  assert point.dtype == "bfloat16" and point.decoders == ("ar", "fast_dllm_dual", "d2f")
+  scaling.check_config(point)
+  models = {d: scaling.width_config(d, vocab_size=point.vocab_size,
+                                    max_seq_len=point.prompt_len + 256, dtype=point.dtype)
+            for d in (768, 1792)}
+  assert not [name for name in point.decoders for d in models  # no cell would be skipped
+              if scaling._skip_reason(scaling.DECODERS[name], point, models[d], 256, 1)]
 
 
 def test_width_rule_and_parameter_counts():

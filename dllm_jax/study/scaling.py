@@ -271,12 +271,14 @@ def run(config, workdir) -> dict:
 
 
 def write_outputs(doc: dict, workdir) -> None:
-  """Writes scaling.json, scaling.md and the two plots (also to redraw a loaded document)."""
+  """Writes scaling.json, scaling.md and the plots (also to redraw a loaded document); the
+  cost-against-length plot only when the config has a length line."""
   validate(doc)
   workdir = Path(workdir)
   (workdir / "scaling.json").write_text(json.dumps(doc, indent=1, default=str))
   (workdir / "scaling.md").write_text(markdown(doc) + "\n")
-  plot_cost(doc, workdir / "cost_vs_length.png")
+  if doc["config"]["lengths"]["sweep"]:
+    plot_cost(doc, workdir / "cost_vs_length.png")
   plot_breakeven(doc, workdir / "breakeven_vs_width.png")
 
 
