@@ -134,23 +134,34 @@ def test_every_study_mode_trains_valid_models(mode, tmp_path):
     module.get_config("fast")
 
 
-def test_study_cli_shorthands_and_default_workdirs():
-  """`--long` / `--full` stand for the mode's --config; each mode has its own workdir."""
-  from absl import app
-  spec = importlib.util.spec_from_file_location(
-      "study_cli", os.path.join(REPO, "experiments", "study.py"))
-  cli = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(cli)
-  assert cli.expand_shorthands(["s", "--workdir=w"]) == ["s", "--workdir=w"]
-  assert cli.expand_shorthands(["s", "--full", "--config.eval.seed=1"]) == [
+
+def test_study_mode_flags_and_default_workdirs(tmp_path):
+  """`--long` / `--full` stand for the mode's --config (overrides still parse); each mode has
+  its own default workdir."""
+  from dllm_jax.study import study as study_lib
+  expand = study_lib.expand_mode_flags
+  assert expand(["s", "--workdir=w"]) == ["s", "--workdir=w"]
+  assert expand(["s", "--full", "--config.eval.seed=1"]) == [
       "s", "--config=configs/study.py:full", "--config.eval.seed=1"]
   for argv in (["s", "--long", "--full"], ["s", "--full", "--config=configs/study.py"],
                ["s", "--long", "--config", "configs/study.py:long"]):
-    with pytest.raises(app.UsageError, match="pass one study mode"):
-      cli.expand_shorthands(argv)
-  study_cfg = importlib.util.spec_from_file_location(
-      "study_cfg2", os.path.join(REPO, "configs", "study.py"))
-  module = importlib.util.module_from_spec(study_cfg)
-  study_cfg.loader.exec_module(module)
-  assert [cli.default_workdir(module.get_config(m)) for m in ("", "long", "full")] == [
+    with pytest.raises(ValueError, match="pass one study mode"):
+      expand(argv)
+  spec = importlib.util.spec_from_file_location("study_cfg2", os.path.join(REPO, "configs",
+                                                                           "study.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  assert [study_lib.default_workdir(module.get_config(m)) for m in ("", "long", "full")] == [
       "runs/study", "runs/study_long", "runs/study_full"]
+  # The script itself: flags parse (the run then stops at a workdir that cannot be made).
+  (tmp_path / "file").write_text("")
+  script = os.path.join(REPO, "experiments", "study.py")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, script, "--full", "--config.eval.seed=1",
+                         "--config.eval.num_prompts=2", f"--workdir={tmp_path}/file/run"],
+                        cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+  assert proc.returncode != 0 and "Flags parsing error" not in proc.stderr
+  assert f"{tmp_path}/file" in proc.stderr
+  proc = subprocess.run([sys.executable, script, "--long", "--full"], cwd=REPO,
+                        capture_output=True, text=True, timeout=300, env=env)
+  assert proc.returncode == 1 and "pass one study mode" in proc.stderr

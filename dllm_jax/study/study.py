@@ -143,6 +143,29 @@ def roofline_text(r: dict | None) -> str:
           f"of the bound) and {r['measured_tokens_per_s']:.0f} response tokens/s.")
 
 
+MODE_FLAGS = {"--long": "configs/study.py:long", "--full": "configs/study.py:full"}
+
+
+def expand_mode_flags(argv: list[str]) -> list[str]:
+  """The study command line with `--long` / `--full` rewritten into the `--config` each
+  stands for; ValueError for two modes, or a mode flag beside an explicit --config."""
+  picked = [a for a in argv[1:] if a in MODE_FLAGS]
+  if not picked:
+    return list(argv)
+  explicit = [a for a in argv[1:] if a == "--config" or a.startswith("--config=")]
+  if len(picked) > 1 or explicit:
+    raise ValueError(f"pass one study mode: {' '.join(picked + explicit)} conflict "
+                     "(--long and --full each stand for a --config).")
+  return [argv[0]] + [f"--config={MODE_FLAGS[a]}" if a in MODE_FLAGS else a
+                      for a in argv[1:]]
+
+
+def default_workdir(study_config) -> str:
+  """runs/study for the default mode, runs/study_<mode> for the others."""
+  mode = study_config.get("mode", "")
+  return f"runs/study_{mode}" if mode else "runs/study"
+
+
 def run(study_config, workdir, *, log=print) -> dict:
   """Trains or loads the models, decodes every cell, writes table/JSON/plot; returns the JSON."""
   workdir = Path(workdir)
