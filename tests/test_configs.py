@@ -165,3 +165,33 @@ def test_study_mode_flags_and_default_workdirs(tmp_path):
   proc = subprocess.run([sys.executable, script, "--long", "--full"], cwd=REPO,
                         capture_output=True, text=True, timeout=300, env=env)
   assert proc.returncode == 1 and "pass one study mode" in proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["", "long", "full"])
+def test_every_study_cell_traces_at_its_mode_shapes(mode, tmp_path):
+  """Each decoding cell of each mode is a valid decode at that mode's G and prompt length:
+  options, block counts and shapes are checked by tracing the real decoder (no compile, no
+  memory), so an accelerator run cannot fail on a cell only reachable there."""
+  from dllm_jax.decoding import api as decode_api
+  from dllm_jax.models.transformer import abstract_params
+  from dllm_jax.study import models as models_lib, study as study_lib
+  from dllm_jax.training import data as data_lib
+  spec = importlib.util.spec_from_file_location("study_cfg3", os.path.join(REPO, "configs",
+                                                                           "study.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  study = module.get_config(mode)
+  config = models_lib.training_config(study, "mdm", tmp_path)
+  model_cfg = config_lib.model_config(config)
+  layout = data_lib.make_layout(config.data, data_lib.make_tokenizer(config.data))
+  gen_length = layout.seq_len - layout.prompt_len
+  tokens = np.full((1, layout.prompt_len), 5, np.int32)
+  params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                        nn.unbox(abstract_params(model_cfg)))
+  labels = [c["label"] for c in study.methods]
+  assert len(labels) == len(set(labels))
+  for cell in study.methods:
+    options = study_lib.resolve_options(dict(cell["options"]), gen_length)
+    out = jax.eval_shape(lambda p, o=options, m=cell["method"]: decode_api.generate(
+        p, model_cfg, (tokens, np.ones_like(tokens, bool)), method=m, **o), params)
+    assert out.tokens.shape == (1, gen_length), cell["label"]
