@@ -245,3 +245,20 @@ def test_run_cells_interleaves_batches_and_keeps_the_fastest_repeat():
   with pytest.raises(ValueError, match="repeats"):
     runner.run_cells(cells, layout=Layout(), suite=None, examples=examples, prompt_len=4,
                      repeats=0)
+
+
+def test_pareto_accuracy_window_and_plot_from_saved_json(tmp_path):
+  lo, hi, below = report.accuracy_window([100.0, 99.2, 98.4, 9.4])
+  assert below == [3] and 97.0 < lo < 98.4 and hi == 100.5  # the 9% cell sits on the edge
+  lo, hi, below = report.accuracy_window([90.0, 80.0])
+  assert below == [] and lo < 80.0 and hi == 90.5
+  assert report.accuracy_window([0.0, 0.0])[0] == 0.0
+  # Cells rebuilt from a study JSON row give the same figures and redraw the plot.
+  rows = [_result("ar", "ar", 1, 1.0, 10), _result("llada", "llada", 1, 0.9, 1),
+          _result("d2f", "d2f", 1, 0.1, 30), _result("ar", "ar", 16, 1.0, 40)]
+  doc = accounting.results_json(rows, machine={}, config={})
+  again = [accounting.MethodResult.from_json(r) for r in json.loads(json.dumps(doc))["results"]]
+  assert [(r.tokens_per_s, r.accuracy, r.nfe_per_prompt) for r in again] == [
+      (r.tokens_per_s, r.accuracy, r.nfe_per_prompt) for r in rows]
+  report.pareto_plot(again, str(tmp_path / "p.png"), baseline="ar", llada_label="llada")
+  assert (tmp_path / "p.png").stat().st_size > 10_000

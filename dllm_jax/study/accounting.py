@@ -42,6 +42,12 @@ class MethodResult:
   # wall_s sums each batch's fastest timed decode; this sums their medians (same batches).
   wall_median_s: float = 0.0
 
+  @classmethod
+  def from_json(cls, row: dict) -> "MethodResult":
+    """The cell of one `results` row of a study JSON (its derived figures are recomputed)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in row.items() if k in names})
+
   def task_accuracy(self, task: str) -> float:
     correct, total = self.per_task.get(task, (0, 0))
     return correct / total if total else float("nan")

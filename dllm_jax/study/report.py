@@ -39,36 +39,84 @@ def pareto_front(results: Sequence[MethodResult]) -> list[MethodResult]:
   return front
 
 
-def pareto_plot(results: Sequence[MethodResult], path: str, *, title: str = "") -> None:
-  """Accuracy against tokens/s, one point per (method, setting), one panel per batch size."""
+def accuracy_window(accuracies: Sequence[float], *, span: float = 25.0):
+  """(lo, hi, below) of a Pareto panel's accuracy axis, in percent.
+
+  The axis covers the cells within `span` points of the best one, so that a few far-off
+  cells (an undistilled model at 9%, say) do not squash the ones being compared near the
+  top; `below` lists the indices of the cells under `lo`, which are drawn on the bottom
+  edge with their accuracy written beside them.
+  """
+  best = max(accuracies)
+  near = [a for a in accuracies if a >= best - span]
+  lo = max(0.0, min(near) - 0.1 * (best - min(near)) - 1.0)
+  hi = min(100.0, best) + 0.5
+  return lo, hi, [i for i, a in enumerate(accuracies) if a < lo]
+
+
+def pareto_plot(results: Sequence[MethodResult], path: str, *, title: str = "",
+                baseline: str | None = None, llada_label: str | None = None) -> None:
+  """Accuracy against tokens/s, one point per (method, setting), one panel per batch size.
+
+  Every cell is numbered (its row in the table, counted per batch size) beside its marker,
+  and a key lists the numbers, so dense clusters stay readable. The Pareto front is a dashed
+  staircase. Vertical lines mark the `baseline` cell's tokens/s and 2.5x it (the published
+  D2F-over-AR ratio), and 10x the `llada_label` cell's (the published ratio over vanilla
+  LLaDA), when those cells exist.
+  """
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  from matplotlib import ticker
 
   batches = sorted({r.batch_size for r in results})
-  fig, axes = plt.subplots(1, len(batches), figsize=(6.5 * len(batches), 5), squeeze=False)
+  fig, axes = plt.subplots(1, len(batches), figsize=(6.0 * len(batches) + 3.2, 5.4),
+                           squeeze=False)
   methods = sorted({r.method for r in results})
   colors = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
+  key = []
   for ax, b in zip(axes[0], batches):
     cells = [r for r in results if r.batch_size == b]
-    for m in methods:
-      pts = [r for r in cells if r.method == m]
-      if not pts:
-        continue
-      ax.scatter([r.tokens_per_s for r in pts], [100 * r.accuracy for r in pts],
-                 color=colors[m], label=m, s=40)
-      for r in pts:
-        ax.annotate(r.label, (r.tokens_per_s, 100 * r.accuracy), fontsize=7,
-                    xytext=(3, 3), textcoords="offset points")
+    acc = [100 * r.accuracy for r in cells]
+    lo, hi, below = accuracy_window(acc)
+    for i, r in enumerate(cells, 1):
+      off = i - 1 in below
+      y = lo if off else acc[i - 1]
+      ax.scatter([r.tokens_per_s], [y], color=colors[r.method], s=36, zorder=3,
+                 marker="v" if off else "o", clip_on=False)
+      text = f"{i} ({acc[i - 1]:.0f}%)" if off else str(i)
+      # Alternate above/below (stagger the edge labels upwards), so that the numbers of
+      # near-identical cells stay apart.
+      shift = (3, 4 + 8 * (below.index(i - 1) % 3)) if off else (3, 4) if i % 2 else (3, -10)
+      ax.annotate(text, (r.tokens_per_s, y), fontsize=7, textcoords="offset points",
+                  xytext=shift)
+      if b == batches[0]:
+        key.append(f"{i:>2} {r.label}")
     front = sorted(pareto_front(cells), key=lambda r: r.tokens_per_s)
-    ax.plot([r.tokens_per_s for r in front], [100 * r.accuracy for r in front], "k--", lw=0.8,
-            label="Pareto front")
+    ax.plot([r.tokens_per_s for r in front], [max(lo, 100 * r.accuracy) for r in front],
+            "k--", lw=0.9, drawstyle="steps-pre", label="Pareto front", zorder=2)
+    marks = []
+    ref = {r.label: r.tokens_per_s for r in cells}
+    if baseline in ref:
+      marks += [(ref[baseline], "-", "AR"), (2.5 * ref[baseline], ":", "2.5x AR")]
+    if llada_label in ref:
+      marks.append((10 * ref[llada_label], "-.", "10x vanilla LLaDA"))
+    for x, style, name in marks:
+      ax.axvline(x, color="0.45", ls=style, lw=0.9, label=name, zorder=1)
+    for m in methods:  # legend entries, one per method
+      ax.scatter([], [], color=colors[m], s=36, label=m)
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:,.0f}"))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_ylim(lo, hi)
     ax.set_xlabel("response tokens/s (log)")
     ax.set_ylabel("accuracy (%)")
-    ax.set_title(f"{title} batch {b}".strip())
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-  fig.tight_layout()
+    ax.set_title(f"{title} batch {b}".strip(), fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="lower left")
+  fig.text(1 - 3.0 / fig.get_figwidth(), 0.93, "cells (table order)\n" + "\n".join(key),
+           fontsize=7, family="monospace", va="top", ha="left")
+  fig.tight_layout(rect=(0, 0, 1 - 3.1 / fig.get_figwidth(), 1))
   fig.savefig(path, dpi=120)
   plt.close(fig)

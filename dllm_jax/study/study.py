@@ -212,7 +212,8 @@ def run(study_config, workdir, *, log=print) -> dict:
   (workdir / "study.md").write_text(text)
   (workdir / "study.json").write_text(json.dumps(doc, indent=1))
   report.pareto_plot(results, str(workdir / "study_pareto.png"),
-                     title=f"{len(examples)} held-out prompts, G={gen_length}")
+                     title=f"{len(examples)} held-out prompts, G={gen_length}",
+                     baseline="ar", llada_label=study_config.eval.llada_vanilla_label)
   log(text)
   log(f"[study] wrote {workdir / 'study.md'}, study.json, study_pareto.png "
       f"({doc['total_s']:.0f} s total, devices: {jax.devices()[0].device_kind})")
