@@ -103,5 +103,9 @@ def stack_layers(shape: tuple[int, ...], dtype, sharding: jax.sharding.Sharding,
       raise ValueError(f"layer {i} slice is {host.shape} {host.dtype}, expected "
                        f"{tuple(shape[1:])} {dtype}.")
     buffer = update(buffer, put(host, slice_sharding), np.int32(i))
+    # Wait for this layer before reading the next: with asynchronous dispatch the loop would
+    # run ahead, and the slices and update buffers of several layers would be alive at once
+    # (a load's peak then varied by up to a stacked leaf from run to run).
+    buffer.block_until_ready()
     del host
   return buffer
