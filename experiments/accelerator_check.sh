@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The accelerator figures of BENCHMARKS.md section 5, in about ten minutes on one GPU or TPU:
+# The accelerator figures of BENCHMARKS.md section 5, in an estimated ten minutes on one GPU or
+# TPU (not yet timed on one):
 #   1. the long-answer study (`configs/study.py:long`): D2F against AR tokens/s at batch 1 on
 #      trained models, and AR against the HBM-bandwidth bound. Models already trained in
 #      runs/study_long/models (say on a CPU) are reused, so both machines decode the same
