@@ -38,11 +38,18 @@ CONFIGS = sorted(p for p in glob.glob(os.path.join(REPO, "configs", "*.py"))
 ABSTRACT_DEVICES = 8  # a mesh axis of -1 takes this many devices
 
 
-def load(path):
+def load_module(path):
   spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module
+
+
+def load(path):
+  return load_module(path).get_config()
+
+
+STUDY_CONFIG = os.path.join(REPO, "configs", "study.py")
 
 
 def abstract_mesh(shape):
@@ -114,10 +121,7 @@ def test_every_study_mode_trains_valid_models(mode, tmp_path):
   only when a device is finally lent."""
   from dllm_jax.study import models as models_lib
   from dllm_jax.training import data as data_lib
-  spec = importlib.util.spec_from_file_location("study_cfg", os.path.join(REPO, "configs",
-                                                                          "study.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = load_module(STUDY_CONFIG)
   study = module.get_config(mode)
   for name in models_lib.ORDER:
     config = models_lib.training_config(study, name, tmp_path)
@@ -147,10 +151,7 @@ def test_study_mode_flags_and_default_workdirs(tmp_path):
                ["s", "--long", "--config", "configs/study.py:long"]):
     with pytest.raises(ValueError, match="pass one study mode"):
       expand(argv)
-  spec = importlib.util.spec_from_file_location("study_cfg2", os.path.join(REPO, "configs",
-                                                                           "study.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = load_module(STUDY_CONFIG)
   assert [study_lib.default_workdir(module.get_config(m)) for m in ("", "long", "full")] == [
       "runs/study", "runs/study_long", "runs/study_full"]
   # The script itself: flags parse (the run then stops at a workdir that cannot be made).
@@ -176,10 +177,7 @@ def test_every_study_cell_traces_at_its_mode_shapes(mode, tmp_path):
   from dllm_jax.models.transformer import abstract_params
   from dllm_jax.study import models as models_lib, study as study_lib
   from dllm_jax.training import data as data_lib
-  spec = importlib.util.spec_from_file_location("study_cfg3", os.path.join(REPO, "configs",
-                                                                           "study.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = load_module(STUDY_CONFIG)
   study = module.get_config(mode)
   config = models_lib.training_config(study, "mdm", tmp_path)
   model_cfg = config_lib.model_config(config)
