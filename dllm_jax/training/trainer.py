@@ -5,10 +5,14 @@ Shape legend: B global batch, L sequence length.
 One call runs (or resumes) a whole experiment:
 
   1. `experiment.build(config)`: every config mistake raises here, before compiling.
-  2. The workdir is checked: a workdir holding checkpoints of a different config, or whose
-     checkpoints vanished, is refused (nothing is overwritten).
-  3. State: restored from the latest checkpoint (params, optimizer, step, RNG, data position),
-     or initialised in its shards (and overlaid with `train.init_from` params).
+  2. The workdir is checked: a workdir holding checkpoints of a different config (unless
+     `train.allow_config_change`, and even then not one that changes the state's shapes), or
+     whose checkpoints vanished, is refused. Nothing is written yet.
+  3. State: restored from the newest intact checkpoint (params, optimizer, step, RNG, data
+     position; a damaged newer step is moved to `damaged_checkpoints/` with a warning), or
+     initialised in its shards (and overlaid with `train.init_from` params).
+     `config.json` is written when this run saves its first checkpoint (at once in a fresh
+     workdir), so a resume that fails before then leaves the workdir as it was.
   4. `train_step` is jitted with explicit in/out `NamedSharding`s, the state donated, and
      compiled ahead of time (its memory footprint is logged).
   5. Loop: the next batch is built on the host while the device runs the current step; each
@@ -21,6 +25,7 @@ One call runs (or resumes) a whole experiment:
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import time
@@ -29,7 +34,9 @@ from collections.abc import Callable, Mapping
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import tqdm
+from absl import logging
 from etils import epath
 
 from dllm_jax.diffusion.layout import BATCH_KEYS
@@ -39,6 +46,7 @@ from dllm_jax.training import config as config_lib
 from dllm_jax.training import data as data_lib
 from dllm_jax.training import experiment as exp_lib
 from dllm_jax.training import metrics as metrics_lib
+from dllm_jax.training import optimizer as opt_lib
 from dllm_jax.training import state as state_lib
 from dllm_jax.training import step as step_lib
 
@@ -122,8 +130,13 @@ def evaluate(exp: exp_lib.Experiment, eval_step, params, source,
   return results
 
 
-def _prepare_workdir(workdir: epath.Path, config, ckpt: ckpt_lib.Checkpointer) -> int | None:
-  """Checks the workdir belongs to this run; returns the step to resume from (or None)."""
+def _prepare_workdir(workdir: epath.Path, exp: exp_lib.Experiment,
+                     ckpt: ckpt_lib.Checkpointer) -> bool:
+  """Checks the workdir may be (re)used by this run; returns whether it holds checkpoints.
+
+  Writes nothing: a refused run leaves the workdir as it was.
+  """
+  config = exp.config
   steps = ckpt.steps()
   saved = ckpt_lib.read_config(workdir)
   if steps and saved is None:
@@ -131,28 +144,68 @@ def _prepare_workdir(workdir: epath.Path, config, ckpt: ckpt_lib.Checkpointer) -
         f"{ckpt.directory} holds checkpoints {steps} but {workdir} has no "
         f"{ckpt_lib.CONFIG_FILE}: it was not written by this trainer. Refusing to touch it; "
         "pick another workdir.")
-  if saved is not None:
-    diffs = config_lib.config_differences(saved, config)
-    if diffs and not config.train.allow_config_change:
+  if saved is None:
+    return False
+  logged = [r["step"] for r in metrics_lib.read_metrics(workdir)]
+  every = int(config.train.ckpt_every)
+  if not steps and every and logged and max(logged) >= every:
+    raise ckpt_lib.CheckpointError(
+        f"{workdir} logged training up to step {max(logged)} but {ckpt.directory} holds no "
+        "checkpoint (missing or deleted). Restore it, or start over in a new workdir.")
+  diffs = config_lib.config_differences(saved, config)
+  if diffs and steps:
+    if not config.train.allow_config_change:
       raise ckpt_lib.CheckpointError(
           f"{workdir} belongs to a run with a different config:\n  " + "\n  ".join(diffs) +
           "\nUse a new workdir, or set train.allow_config_change=True to resume it anyway.")
-    logged = [r["step"] for r in metrics_lib.read_metrics(workdir)]
-    every = int(config.train.ckpt_every)
-    if not steps and every and logged and max(logged) >= every:
-      raise ckpt_lib.CheckpointError(
-          f"{workdir} logged training up to step {max(logged)} but {ckpt.directory} holds no "
-          "checkpoint (missing or deleted). Restore it, or start over in a new workdir.")
-  ckpt_lib.write_config(workdir, config_lib.to_json(config))
-  return ckpt.latest_step()
+    _check_same_layout(workdir, saved, exp, diffs)
+  elif diffs:
+    metrics_lib.console(f"{workdir} holds no checkpoint: its config.json (of a run that saved "
+                        "nothing) will be replaced by this run's.")
+  return bool(steps)
 
 
-def _initial_state(exp: exp_lib.Experiment, ckpt: ckpt_lib.Checkpointer, resume_step, it):
-  if resume_step is not None:
-    state, data_state = ckpt.restore(resume_step, exp.abstract)
+def _layout(state) -> dict[str, tuple]:
+  flat = jax.tree_util.tree_flatten_with_path(nn.unbox(state))[0]
+  return {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in flat}
+
+
+def _check_same_layout(workdir, saved: str, exp: exp_lib.Experiment, diffs) -> None:
+  """`train.allow_config_change` may change hyperparameters, never the state's shapes."""
+  old = ml_collections.ConfigDict(json.loads(saved))
+  try:
+    old_state = state_lib.abstract_state(
+        config_lib.model_config(old), opt_lib.make_optimizer(old.opt, int(old.train.steps)),
+        old.opt.trainable)
+  except Exception as e:  # a config of an older version of the package
+    raise ckpt_lib.CheckpointError(
+        f"{workdir}/{ckpt_lib.CONFIG_FILE} cannot be read by this version ({e}); resume it "
+        "with the version that wrote it, or use a new workdir.") from e
+  before, after = _layout(old_state), _layout(exp.boxed_abstract)
+  keys = list(after) + [k for k in before if k not in after]  # params first
+  changed = [f"{k}: {before.get(k)} -> {after.get(k)}" for k in keys
+             if before.get(k) != after.get(k)]
+  if changed:
+    more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+    raise ckpt_lib.CheckpointError(
+        f"{workdir} cannot be resumed with this config even with "
+        f"train.allow_config_change: it changes the shapes of the saved state "
+        f"({'; '.join(changed[:3])}{more}) through {'; '.join(diffs)}. Use a new workdir "
+        "(train.init_from can start it from this run's params where they fit).")
+
+
+def _initial_state(exp: exp_lib.Experiment, ckpt: ckpt_lib.Checkpointer, resume: bool, it):
+  """(state, restored step or None). A damaged newer step is moved aside, with a warning."""
+  if resume:
+    step, (state, data_state), damaged = ckpt_lib.newest_intact(
+        ckpt, lambda s: ckpt.restore(s, exp.abstract))
+    if damaged:
+      moved = [str(ckpt.set_aside(e.step)) for e in damaged]
+      logging.warning("%s", ckpt_lib.damaged_warning(
+          ckpt, damaged, f"resuming from step {step}") + f" Moved to {', '.join(moved)}.")
     it.set_state(data_state)
-    metrics_lib.console(f"resumed from {ckpt.step_dir(resume_step)}")
-    return state
+    metrics_lib.console(f"resumed from {ckpt.step_dir(step)}")
+    return state, step
   state, _ = state_lib.init_state(exp.model_cfg, exp.tx,
                                   jax.random.PRNGKey(int(exp.config.train.seed)), exp.mesh,
                                   exp.rules, exp.config.opt.trainable, exp.shardings)
@@ -163,7 +216,7 @@ def _initial_state(exp: exp_lib.Experiment, ckpt: ckpt_lib.Checkpointer, resume_
     params = exp_lib.initial_params(exp, state.params, exp.config.train.init_from)
     state = state.replace(params=params)
     metrics_lib.console(f"params initialised from {exp.config.train.init_from}")
-  return state
+  return state, None
 
 
 def _check_finite(step: int, metrics: Mapping[str, float], ckpt: ckpt_lib.Checkpointer):
@@ -192,18 +245,21 @@ def train(config, workdir: str | os.PathLike, *,
   workdir = epath.Path(os.path.abspath(workdir))  # orbax needs absolute paths
   ckpt = ckpt_lib.Checkpointer(workdir, keep=int(t.keep), async_save=bool(t.async_checkpoints))
   try:
-    resume_step = _prepare_workdir(workdir, config, ckpt)
-    return _loop(exp, workdir, ckpt, resume_step, step_callback)
+    resume = _prepare_workdir(workdir, exp, ckpt)
+    if not resume:  # a fresh workdir: nothing to protect
+      ckpt_lib.write_config(workdir, config_lib.to_json(config))
+    return _loop(exp, workdir, ckpt, resume, step_callback)
   finally:
     ckpt.close()
 
 
-def _loop(exp, workdir, ckpt, resume_step, step_callback) -> dict[str, float]:
+def _loop(exp, workdir, ckpt, resume, step_callback) -> dict[str, float]:
   config, t = exp.config, exp.config.train
   train_source, eval_source = data_lib.make_sources(config.data)
   it = data_lib.train_iterator(train_source, exp.layout, int(t.batch_size),
                                int(config.data.seed))
-  state = _initial_state(exp, ckpt, resume_step, it)
+  state, resume_step = _initial_state(exp, ckpt, resume, it)
+  config_written = not resume
   train_step, eval_step = compile_train_step(exp), compile_eval_step(exp)
   writer = metrics_lib.MetricWriter(workdir, resume_step)
 
@@ -238,6 +294,9 @@ def _loop(exp, workdir, ckpt, resume_step, step_callback) -> dict[str, float]:
       writer.write(step, "eval", results)
       final.update({f"eval/{k}": v for k, v in results.items()})
     if step == total or (t.ckpt_every and step % int(t.ckpt_every) == 0):
+      if not config_written:  # from now on the newest checkpoint is this config's
+        ckpt_lib.write_config(workdir, config_lib.to_json(config))
+        config_written = True
       ckpt.save(state, data_state)
     if step_callback is not None:
       step_callback(step, metrics)
