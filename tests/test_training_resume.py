@@ -2,19 +2,26 @@
 
 One uninterrupted 6-step run (checkpoints at 2, 4, 6) is the reference. A run killed at step
 5 (after the step-4 checkpoint) and restarted must log exactly the same losses and end with
-exactly the same params. Damaged, missing or foreign checkpoints must raise a clear error and
-leave every file of the last good checkpoint as it was.
+exactly the same params. A damaged newest step is skipped for the newest intact one (and
+kept, byte for byte); missing or foreign checkpoints and refused resumes raise a clear error and
+leave every checkpoint file and config.json as they were.
 """
 
+import glob
 import hashlib
+import json
+import logging
 import os
 import shutil
 
+import chex
 import jax
 import numpy as np
 import pytest
 from flax import traverse_util
 
+from dllm_jax.checkpoints import testing as ckpt_testing
+from dllm_jax.models.finite import NonFiniteParamsError
 from dllm_jax.training import checkpoint as ckpt_lib
 from dllm_jax.training import config as config_lib
 from dllm_jax.training import experiment
@@ -91,30 +98,177 @@ def _abstract(config):
   return experiment.build(config).abstract
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.parametrize("damage", ["delete", "garble"])
-def test_corrupted_latest_checkpoint_is_named_and_left_alone(reference, tmp_path, damage):
-  ref_dir, config = reference
-  workdir = str(tmp_path / "run")
-  shutil.copytree(ref_dir, workdir)
-  step_dir = os.path.join(workdir, "checkpoints", "6")
+def _damage(step_dir, damage):
+  """Deletes or garbles the params manifest, or truncates the largest params array file."""
+  if damage == "truncate":
+    files = glob.glob(os.path.join(step_dir, "params", "ocdbt.process_0", "d", "*"))
+    target = max(files, key=os.path.getsize)
+    with open(target, "r+b") as f:
+      f.truncate(os.path.getsize(target) // 2)
+    return
   target = os.path.join(step_dir, "params", "manifest.ocdbt")
   if damage == "delete":
     os.remove(target)
   else:
     with open(target, "r+b") as f:
       f.write(b"\xff" * 64)
-  before = _tree_hash(os.path.join(workdir, "checkpoints"))
+
+
+def _warnings(caplog):
+  return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("damage", ["delete", "garble", "truncate"])
+def test_damaged_newest_checkpoint_is_skipped_by_load_params(reference, tmp_path, caplog,
+                                                             damage):
+  ref_dir, _ = reference
+  workdir = str(tmp_path / "run")
+  shutil.copytree(ref_dir, workdir)
+  _damage(os.path.join(workdir, "checkpoints", "6"), damage)
+  before = _tree_hash(workdir)
+
+  with caplog.at_level(logging.WARNING):
+    params = ckpt_lib.load_params(workdir).params
+  chex.assert_trees_all_equal(params, ckpt_lib.load_params(ref_dir, step=4).params)
+  warnings = _warnings(caplog)
+  assert len(warnings) == 1 and "\n" not in warnings[0], warnings
+  assert "damaged checkpoint" in warnings[0] and f"{workdir}/checkpoints/6 (" in warnings[0]
+  assert "loaded step 4" in warnings[0] and "tensorstore_spec" not in warnings[0]
+
+  with pytest.raises(ckpt_lib.DamagedCheckpointError,
+                     match=r"checkpoints/6 is (damaged|incomplete).*asked for explicitly") as e:
+    ckpt_lib.load_params(workdir, step=6)
+  assert "\n" not in str(e.value) and len(str(e.value)) < 600, str(e.value)
+  assert e.value.__cause__ is None  # orbax's traceback is not chained under it
+  assert _tree_hash(workdir) == before  # nothing moved, nothing rewritten
+
+
+def test_damaged_newest_checkpoint_is_set_aside_and_training_resumes(reference, tmp_path,
+                                                                     caplog):
+  """A truncated array file in step 6: the run resumes from step 4 (same losses as the
+  reference), moves step 6 byte for byte to damaged_checkpoints/6, and saves 6 and 8 anew."""
+  ref_dir, config = reference
+  workdir = str(tmp_path / "run")
+  shutil.copytree(ref_dir, workdir)
+  _damage(os.path.join(workdir, "checkpoints", "6"), "truncate")
+  damaged = _tree_hash(os.path.join(workdir, "checkpoints", "6"))
+  config_bytes = open(os.path.join(workdir, ckpt_lib.CONFIG_FILE), "rb").read()
 
   longer = config.copy_and_resolve_references()
   longer.train.steps = 8
-  with pytest.raises(ckpt_lib.CheckpointError, match=r"checkpoints/6 failed to restore"):
-    trainer.train(longer, workdir)
-  with pytest.raises(ckpt_lib.CheckpointError, match=r"checkpoints/6"):
+  seen = []
+  with caplog.at_level(logging.WARNING):
+    trainer.train(longer, workdir, step_callback=lambda s, m: seen.append(s))
+  assert seen == [5, 6, 7, 8]
+  warnings = [w for w in _warnings(caplog) if "damaged" in w]
+  assert len(warnings) == 1 and "\n" not in warnings[0], warnings
+  assert f"{workdir}/checkpoints/6 (" in warnings[0] and "resuming from step 4" in warnings[0]
+  assert f"{workdir}/damaged_checkpoints/6" in warnings[0]
+  assert _tree_hash(os.path.join(workdir, "damaged_checkpoints", "6")) == damaged
+  assert ckpt_lib.steps_in(workdir) == [4, 6, 8]
+  ref_losses, losses = _losses(ref_dir), _losses(workdir)
+  assert [losses[s] for s in (5, 6)] == [ref_losses[s] for s in (5, 6)]  # same data and noise
+  # config.json now describes the newest checkpoints (train.steps=8); the rest is unchanged.
+  saved = json.loads(open(os.path.join(workdir, ckpt_lib.CONFIG_FILE)).read())
+  assert saved["train"]["steps"] == 8 and config_bytes != open(
+      os.path.join(workdir, ckpt_lib.CONFIG_FILE), "rb").read()
+  assert config_lib.config_differences(config_bytes.decode(), longer) == []
+
+
+def test_every_checkpoint_damaged_is_an_error_that_changes_nothing(reference, tmp_path):
+  ref_dir, config = reference
+  workdir = str(tmp_path / "run")
+  shutil.copytree(ref_dir, workdir)
+  for step in (2, 4, 6):
+    _damage(os.path.join(workdir, "checkpoints", str(step)), "garble")
+  before = _tree_hash(workdir)
+  with pytest.raises(ckpt_lib.CheckpointError, match=r"every checkpoint in .* is damaged"):
     ckpt_lib.load_params(workdir)
-  assert _tree_hash(os.path.join(workdir, "checkpoints")) == before
-  params = ckpt_lib.load_params(workdir, step=4).params  # the earlier checkpoint still loads
-  assert jax.tree.leaves(params)
+  with pytest.raises(ckpt_lib.CheckpointError, match=r"every checkpoint in .* is damaged"):
+    trainer.train(config, workdir)
+  assert _tree_hash(workdir) == before
+
+
+def _checkpoints_and_config(workdir):
+  digest = _tree_hash(os.path.join(workdir, "checkpoints"))
+  with open(os.path.join(workdir, ckpt_lib.CONFIG_FILE), "rb") as f:
+    digest[ckpt_lib.CONFIG_FILE] = hashlib.sha256(f.read()).hexdigest()
+  return digest
+
+
+def test_refused_or_failed_resume_leaves_config_and_checkpoints(reference, tmp_path):
+  """allow_config_change with a new model shape is refused before anything is read; a new
+  lr=1e30 restores, then diverges at once: either way config.json stays byte-identical, the
+  checkpoints too, and the original command then resumes."""
+  ref_dir, config = reference
+  workdir = str(tmp_path / "run")
+  shutil.copytree(ref_dir, workdir)
+  before = _checkpoints_and_config(workdir)
+
+  wider = config.copy_and_resolve_references()
+  wider.model.d_model, wider.train.allow_config_change = 64, True
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match=r"changes the shapes of the saved state \(params/embed/embedding: "
+                           r"\(64, 32\) -> \(64, 64\).*through model\.d_model: None -> 64"):
+    trainer.train(wider, workdir)
+  assert _checkpoints_and_config(workdir) == before
+
+  hot = config.copy_and_resolve_references()
+  hot.opt.lr, hot.train.steps, hot.train.allow_config_change = 1e30, 8, True
+  with pytest.raises(trainer.NonFiniteError, match="diverged at step 7"):
+    trainer.train(hot, workdir)
+  assert _checkpoints_and_config(workdir) == before
+
+  chex.assert_trees_all_equal(ckpt_lib.load_params(workdir).params,
+                              ckpt_lib.load_params(ref_dir).params)
+  final = trainer.train(config, workdir)  # the original command: resumes the finished run
+  assert final["step"] == 6 and _checkpoints_and_config(workdir) == before
+
+
+def test_load_params_names_other_kinds_of_directory(tmp_path):
+  """A HF model directory, a converted checkpoint, and neither: named errors, nothing written."""
+  hf_dir = tmp_path / "hf"
+  w = ckpt_testing.random_weights(vocab=32, d=16, layers=1, heads=2, kv_heads=2, mlp=32)
+  ckpt_testing.write_tensors(hf_dir, ckpt_testing.qwen_tensors(w),
+                             ckpt_testing.qwen_config(w, heads=2, kv_heads=2))
+  converted = tmp_path / "converted"
+  converted.mkdir()
+  (converted / "model_config.json").write_text("{}")
+  (converted / "params").mkdir()
+  neither = tmp_path / "neither"
+  neither.mkdir()
+  (neither / "notes.txt").write_text("hello")
+  before = _tree_hash(tmp_path)
+  with pytest.raises(ckpt_lib.CheckpointError,
+                     match=r"Hugging Face model directory.*checkpoints\.load_pretrained"):
+    ckpt_lib.load_params(hf_dir)
+  with pytest.raises(ckpt_lib.CheckpointError, match=r"converted checkpoint.*load_converted"):
+    ckpt_lib.load_params(converted)
+  with pytest.raises(ckpt_lib.CheckpointError, match=r"is not a training workdir"):
+    ckpt_lib.load_params(neither)
+  assert _tree_hash(tmp_path) == before
+
+
+def test_load_params_names_a_nan_weight(reference, tmp_path):
+  ref_dir, config = reference
+  workdir = str(tmp_path / "nan")
+  os.makedirs(workdir)
+  shutil.copy(os.path.join(ref_dir, ckpt_lib.CONFIG_FILE), workdir)
+  source = ckpt_lib.Checkpointer(ref_dir, read_only=True)
+  try:
+    state, data_state = source.restore(6, _abstract(config))
+  finally:
+    source.close()
+  params = jax.tree.map(lambda x: x, state.params)
+  params["final_norm"]["scale"] = params["final_norm"]["scale"].at[1].set(np.inf)
+  target = ckpt_lib.Checkpointer(workdir, async_save=False)
+  target.save(state.replace(params=params), data_state)
+  target.close()
+  before = _tree_hash(workdir)
+  with pytest.raises(NonFiniteParamsError,
+                     match=r"checkpoints/6: non-finite weights .* final_norm/scale \(1 of 32"):
+    ckpt_lib.load_params(workdir)
+  assert _tree_hash(workdir) == before
 
 
 def test_missing_or_foreign_checkpoints_are_refused(reference, tmp_path):

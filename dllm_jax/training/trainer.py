@@ -167,7 +167,9 @@ def _prepare_workdir(workdir: epath.Path, exp: exp_lib.Experiment,
 
 def _layout(state) -> dict[str, tuple]:
   flat = jax.tree_util.tree_flatten_with_path(nn.unbox(state))[0]
-  return {jax.tree_util.keystr(path): tuple(leaf.shape) for path, leaf in flat}
+  name = lambda path: "/".join(
+      str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path)
+  return {name(path): tuple(leaf.shape) for path, leaf in flat}
 
 
 def _check_same_layout(workdir, saved: str, exp: exp_lib.Experiment, diffs) -> None:
