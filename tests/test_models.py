@@ -296,3 +296,18 @@ def test_active_vocab_size_bounds_every_decoder(params):
 def test_active_vocab_size_errors(kw, match):
   with pytest.raises(ValueError, match=match):
     CFG.replace(**kw)
+
+
+def test_init_params_on_a_mesh_equals_the_plain_init(params):
+  """One device: the jitted, sharded init gives the eager init's values (to float32 rounding:
+  jit fuses the init's scaling), each leaf placed as `param_shardings` says (the 8-device
+  case is in test_parallel_sharding.py)."""
+  from dllm_jax.models import abstract_params
+  from dllm_jax.parallel import make_mesh, mesh as mesh_lib
+  mesh = make_mesh({"data": 1}, jax.devices()[:1])
+  want = mesh_lib.param_shardings(abstract_params(CFG), mesh)
+  sharded = init_params(CFG, jax.random.key(0), mesh=mesh)
+  for x, ref, sharding in zip(jax.tree.leaves(sharded), jax.tree.leaves(params),
+                              jax.tree.leaves(want)):
+    assert x.sharding.is_equivalent_to(sharding, x.ndim)
+    np.testing.assert_allclose(np.asarray(x), np.asarray(ref), rtol=1e-6, atol=0)

@@ -19,6 +19,7 @@ from dllm_jax.models import kv_cache as kvc
 from dllm_jax.models import masks
 from dllm_jax.models.config import ACTIVE_VOCAB_FLOOR, ModelConfig
 from dllm_jax.models.layers import MLP, Attention, Dense, RMSNorm
+from dllm_jax.parallel import mesh as mesh_lib
 
 Array = jnp.ndarray
 
@@ -180,11 +181,27 @@ def forward(params, cfg: ModelConfig, tokens: Array, *, attention: str = "causal
                                 positions=positions, valid=valid, **kwargs)
 
 
-def init_params(cfg: ModelConfig, rng: jax.Array, seq_len: int = 8):
-  """Initialises a params tree (boxed logical-axis metadata removed)."""
-  tokens = jnp.zeros((1, seq_len), jnp.int32)
-  variables = Transformer(cfg).init(rng, tokens, block_ids=jnp.zeros((1, seq_len), jnp.int32))
-  return nn.unbox(variables["params"])
+def init_params(cfg: ModelConfig, rng: jax.Array, seq_len: int = 8, *, mesh=None,
+                rules=None):
+  """Initialises a params tree (boxed logical-axis metadata removed).
+
+  With a `mesh`, every leaf is created directly in its shards, as flax's lm1b does:
+  `eval_shape` gives the logical axes, `parallel.mesh.param_shardings` (under `rules`, default
+  `DEFAULT_RULES`) turns them into shardings, and the init is jitted with those
+  `out_shardings`, so no device ever holds the whole model. The values are the same as
+  without a mesh.
+  """
+  def init(key):
+    tokens = jnp.zeros((1, seq_len), jnp.int32)
+    return Transformer(cfg).init(key, tokens,
+                                 block_ids=jnp.zeros((1, seq_len), jnp.int32))["params"]
+
+  if mesh is None:
+    return nn.unbox(init(rng))
+  rules = mesh_lib.rules_from_config(rules)
+  shardings = mesh_lib.param_shardings(jax.eval_shape(init, rng), mesh, rules)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    return jax.jit(lambda key: nn.unbox(init(key)), out_shardings=shardings)(rng)
 
 
 def abstract_params(cfg: ModelConfig):
