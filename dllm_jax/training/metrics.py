@@ -2,9 +2,10 @@
 
 The JSONL file is the source of truth: a line `{"step": 100, "split": "train", "loss": 1.23}`
 is read back by `read_metrics` (or pandas) with no dependency. TensorBoard scalars go to
-`workdir/tb/<split>/events.out.tfevents.*` through `tb_events.py`, a dependency-free writer
-(clu's and flax's writers import TensorFlow, which is not part of this stack); point
-`tensorboard --logdir workdir/tb` at them.
+`workdir/tb/<split>/events.out.tfevents.*` through tensorboardX's `SummaryWriter` (clu's and
+flax's writers import TensorFlow, which is not part of this stack), imported when the first
+scalar is written. Its thread flushes every `TB_FLUSH_SECS` and at `close()` (the trainer
+closes it even when the run fails); point `tensorboard --logdir workdir/tb` at them.
 
 On resume the JSONL log is cut back to the restored step, so it always describes one unbroken
 run; a resumed run starts a new event file (TensorBoard shows the overlap, if any).
@@ -14,6 +15,7 @@ progress bar; the absl log gets them too.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -24,10 +26,10 @@ import tqdm
 from absl import logging
 from etils import epath
 
-from dllm_jax.training import tb_events
-
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
+TB_FLUSH_SECS = 10
+_writer_ids = itertools.count()  # event file names are unique within a second
 
 
 def _clean(value):
@@ -41,7 +43,7 @@ class MetricWriter:
   def __init__(self, workdir: str | os.PathLike, resume_step: int | None = None):
     self.path = epath.Path(workdir) / METRICS_FILE
     self.tb_root = epath.Path(workdir) / TB_DIR
-    self._tb: dict[str, tb_events.EventWriter] = {}
+    self._tb: dict = {}  # split -> tensorboardX.SummaryWriter
     self.enabled = jax.process_index() == 0
     if self.enabled:
       self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,11 +67,22 @@ class MetricWriter:
     with self.path.open("a") as f:
       f.write(json.dumps(record) + "\n")
     if split not in self._tb:
-      self._tb[split] = tb_events.EventWriter(self.tb_root / split)
-    self._tb[split].scalars(step, {k: float(v) for k, v in metrics.items()})
+      import tensorboardX  # pylint: disable=g-import-not-at-top  # imports torch if present
+      self._tb[split] = tensorboardX.SummaryWriter(
+          str(self.tb_root / split), flush_secs=TB_FLUSH_SECS,
+          filename_suffix=f".{os.getpid()}.{next(_writer_ids)}")
+    for key, value in metrics.items():
+      self._tb[split].add_scalar(key, float(value), int(step))
     shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in record.items() if k not in ("step", "split"))
     console(f"[{split}] step {step}: {shown}")
+
+
+  def close(self) -> None:
+    """Flushes and closes the event files (the JSONL file is complete after every write)."""
+    for writer in self._tb.values():
+      writer.close()
+    self._tb = {}
 
 
 def console(message: str) -> None:

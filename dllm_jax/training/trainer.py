@@ -264,47 +264,49 @@ def _loop(exp, workdir, ckpt, resume, step_callback) -> dict[str, float]:
   config_written = not resume
   train_step, eval_step = compile_train_step(exp), compile_eval_step(exp)
   writer = metrics_lib.MetricWriter(workdir, resume_step)
-
-  step, total = int(jax.device_get(state.step)), int(t.steps)
-  final = {"step": float(step)}
-  window, window_n, window_seconds = {}, 0, 0.0  # window_seconds: steps only, not eval/save
-  bar = tqdm.tqdm(total=total, initial=step, desc=f"train {config.objective.name}",
-                  disable=jax.process_index() != 0, dynamic_ncols=True)
-  batch = data_lib.to_global(next(it), exp.batch_shardings) if step < total else None
-  while step < total:
-    tic = time.perf_counter()
-    state, device_metrics = train_step(state, batch)
-    data_state = it.get_state()  # position after the batch this step consumed
-    step += 1
-    if step < total:  # overlaps with the device running this step
-      batch = data_lib.to_global(next(it), exp.batch_shardings)
-    metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
-    _check_finite(step, metrics, ckpt)
-    window_seconds += time.perf_counter() - tic
-    bar.update(1)
-    window = {k: window.get(k, 0.0) + v for k, v in metrics.items()}
-    window_n += 1
-    if step == total or (t.log_every and step % int(t.log_every) == 0):
-      means = {k: v / window_n for k, v in window.items()}
-      means["steps_per_sec"] = window_n / window_seconds
-      writer.write(step, "train", means)
-      bar.set_postfix(loss=f"{means['loss']:.4f}", refresh=False)
-      final.update({f"train/{k}": v for k, v in means.items()})
-      window, window_n, window_seconds = {}, 0, 0.0
-    if step == total or (t.eval_every and step % int(t.eval_every) == 0):
-      results = evaluate(exp, eval_step, state.params, eval_source, int(t.eval_batches))
-      writer.write(step, "eval", results)
-      final.update({f"eval/{k}": v for k, v in results.items()})
-    if step == total or (t.ckpt_every and step % int(t.ckpt_every) == 0):
-      if not config_written:  # from now on the newest checkpoint is this config's
-        ckpt_lib.write_config(workdir, config_lib.to_json(config))
-        config_written = True
-      ckpt.save(state, data_state)
-    if step_callback is not None:
-      step_callback(step, metrics)
-  bar.close()
-  if not any(k.startswith("eval/") for k in final):  # resumed a finished run: report it
-    final.update({f"eval/{k}": v for k, v in evaluate(
-        exp, eval_step, state.params, eval_source, int(t.eval_batches)).items()})
-  final["step"] = float(step)
-  return final
+  try:
+    step, total = int(jax.device_get(state.step)), int(t.steps)
+    final = {"step": float(step)}
+    window, window_n, window_seconds = {}, 0, 0.0  # window_seconds: steps only, not eval/save
+    bar = tqdm.tqdm(total=total, initial=step, desc=f"train {config.objective.name}",
+                    disable=jax.process_index() != 0, dynamic_ncols=True)
+    batch = data_lib.to_global(next(it), exp.batch_shardings) if step < total else None
+    while step < total:
+      tic = time.perf_counter()
+      state, device_metrics = train_step(state, batch)
+      data_state = it.get_state()  # position after the batch this step consumed
+      step += 1
+      if step < total:  # overlaps with the device running this step
+        batch = data_lib.to_global(next(it), exp.batch_shardings)
+      metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+      _check_finite(step, metrics, ckpt)
+      window_seconds += time.perf_counter() - tic
+      bar.update(1)
+      window = {k: window.get(k, 0.0) + v for k, v in metrics.items()}
+      window_n += 1
+      if step == total or (t.log_every and step % int(t.log_every) == 0):
+        means = {k: v / window_n for k, v in window.items()}
+        means["steps_per_sec"] = window_n / window_seconds
+        writer.write(step, "train", means)
+        bar.set_postfix(loss=f"{means['loss']:.4f}", refresh=False)
+        final.update({f"train/{k}": v for k, v in means.items()})
+        window, window_n, window_seconds = {}, 0, 0.0
+      if step == total or (t.eval_every and step % int(t.eval_every) == 0):
+        results = evaluate(exp, eval_step, state.params, eval_source, int(t.eval_batches))
+        writer.write(step, "eval", results)
+        final.update({f"eval/{k}": v for k, v in results.items()})
+      if step == total or (t.ckpt_every and step % int(t.ckpt_every) == 0):
+        if not config_written:  # from now on the newest checkpoint is this config's
+          ckpt_lib.write_config(workdir, config_lib.to_json(config))
+          config_written = True
+        ckpt.save(state, data_state)
+      if step_callback is not None:
+        step_callback(step, metrics)
+    bar.close()
+    if not any(k.startswith("eval/") for k in final):  # resumed a finished run: report it
+      final.update({f"eval/{k}": v for k, v in evaluate(
+          exp, eval_step, state.params, eval_source, int(t.eval_batches)).items()})
+    final["step"] = float(step)
+    return final
+  finally:
+    writer.close()
