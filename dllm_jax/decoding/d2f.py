@@ -71,7 +71,8 @@ def make_spec(cfg: ModelConfig, *, gen_length: int, block_size: int,
               max_active_blocks: int | None = None, tau_add: float = 0.1,
               tau_act: float = 0.95, tau_conf: float = 0.9, rule: str = "threshold",
               steps_per_block: int = 0, temperature: float = 0.0,
-              remasking: str = "probability", use_cache: bool = True):
+              remasking: str = "probability", use_cache: bool = True,
+              window: str = "fitted"):
   """Checks the decode settings (ValueError naming the fix).
 
   Returns (D2FSpec, the static part: a jit argument; Thresholds, the traced part).
@@ -102,6 +103,9 @@ def make_spec(cfg: ModelConfig, *, gen_length: int, block_size: int,
   if remasking not in sampling.CONFIDENCE_KINDS:
     raise ValueError(f"Unknown remasking {remasking!r}; use one of "
                      f"{sampling.CONFIDENCE_KINDS}.")
+  if window not in ds.WINDOW_POLICIES:
+    raise ValueError(f"Unknown window policy {window!r}; use one of {ds.WINDOW_POLICIES} "
+                     "(fitted: forward only the blocks in flight; full: the widest window).")
   if cfg.mask_token_id is None:
     raise ValueError(f"model config {cfg.name!r} has no mask_token_id; D2F needs one.")
   pad = next((i for i in (cfg.pad_token_id, cfg.eos_token_id) if i is not None), 0)
@@ -109,7 +113,7 @@ def make_spec(cfg: ModelConfig, *, gen_length: int, block_size: int,
       block_size=int(block_size), num_blocks=n, max_active=int(active), rule=rule,
       steps_per_block=int(steps_per_block) if rule == "count" else 0,
       temperature=float(temperature), remasking=remasking, use_cache=bool(use_cache),
-      mask_id=cfg.mask_token_id, stop_ids=base.stop_ids(cfg), pad_id=pad)
+      mask_id=cfg.mask_token_id, stop_ids=base.stop_ids(cfg), pad_id=pad, window=window)
   return spec, ds.Thresholds.create(block_size, tau_add, tau_act, tau_conf)
 
 
@@ -238,7 +242,8 @@ def _init(params, prompt, valid, rng, limits, *, cfg: ModelConfig, spec: D2FSpec
       prompt=prompt, prompt_valid=valid, response=jnp.full((b, g), spec.mask_id, jnp.int32),
       decided=jnp.zeros((b, g), bool), n_blocks=zeros, cached=zeros, ready=zeros,
       block_steps=jnp.zeros((b, n), jnp.int32), eos_seen=jnp.zeros((b,), bool),
-      done=jnp.zeros((b,), bool), forwards=zeros, steps=jnp.zeros((), jnp.int32), rng=rng,
+      done=jnp.zeros((b,), bool), forwards=zeros, steps=jnp.zeros((), jnp.int32),
+      forward_slots=jnp.zeros((), jnp.int32), rng=rng,
       limits=limits, cache=cache, last_logits=last)
   state = _constrain(ds.admit(spec, state), mesh, rules)
   return _step(params, state, cfg=cfg, spec=spec, mesh=mesh, rules=rules, first=True)
@@ -253,23 +258,30 @@ def _step(params, state: D2FState, *, cfg: ModelConfig, spec: D2FSpec, mesh=None
   """
   rng = jax.random.fold_in(state.rng, state.steps)
   cache, last = state.cache, state.last_logits
+  k = spec.block_size
   if not spec.use_cache:
     x0, prob, score = _canvas_step(params, cfg, spec, state, rng)
+    width = state.prompt.shape[1] + spec.gen_length
   elif first:
     (x0, prob, score), cache, last = _window_step(params, cfg, spec, state, 1, rng,
                                                   with_prompt=True)
+    width = state.prompt.shape[1] + k
   else:
     windows = spec.window_blocks
     run = lambda blocks, s: _window_step(params, cfg, spec, s, blocks, rng)
     if len(windows) == 1:
       (x0, prob, score), cache, last = run(windows[0], state)
-    else:
-      span = jnp.where(state.done, 0, state.n_blocks - state.cached)
-      (x0, prob, score), cache, last = jax.lax.cond(
-          jnp.any(span > windows[0]), functools.partial(run, windows[1]),
-          functools.partial(run, windows[0]), state)
+      width = windows[0] * k
+    else:  # the smallest window that holds every live row's uncached blocks
+      span = jnp.max(jnp.where(state.done, 0, state.n_blocks - state.cached))
+      index = jnp.minimum(jnp.searchsorted(jnp.asarray(windows, jnp.int32), span),
+                          len(windows) - 1)
+      (x0, prob, score), cache, last = jax.lax.switch(
+          index, [functools.partial(run, w) for w in windows], state)
+      width = jnp.asarray(windows, jnp.int32)[index] * k
   commit = ds.commit_mask(spec, state, prob, score)
-  state = ds.apply_commits(spec, state, commit, x0).replace(cache=cache, last_logits=last)
+  state = ds.apply_commits(spec, state, commit, x0).replace(
+      cache=cache, last_logits=last, forward_slots=state.forward_slots + width)
   return _constrain(ds.admit(spec, state), mesh, rules)
 
 
@@ -309,8 +321,8 @@ def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng
                  gen_length: int, block_size: int = 32, tau_add: float = 0.1,
                  tau_act: float = 0.95, tau_conf: float = 0.9,
                  max_active_blocks: int | None = None, temperature: float = 0.0,
-                 remasking: str = "probability", use_cache: bool = True, mesh=None,
-                 rules=None, return_state: bool = False):
+                 remasking: str = "probability", use_cache: bool = True,
+                 window: str = "fitted", mesh=None, rules=None, return_state: bool = False):
   """D2F pipelined parallel decoding of a left-padded prompt batch.
 
   Args:
@@ -324,6 +336,9 @@ def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng
     max_active_blocks: bound on blocks in flight (None: no bound, like the reference).
     temperature, remasking: token sampling and the ranking of the top-1 fallback.
     use_cache: False recomputes the whole block-causal canvas every step (same tokens).
+    window: "fitted" (default) forwards each step only the blocks still in flight, from a
+      bucketed set of widths; "full" the widest window the settings allow (same tokens;
+      kept for side-by-side benchmarks).
     mesh, rules: decode data-parallel over the batch and tensor-parallel over the params
       on a `parallel.mesh` mesh (same tokens as one device).
     return_state: also return the final `D2FState` (without its cache): per-row
@@ -334,7 +349,7 @@ def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng
   spec, limits = make_spec(
       cfg, gen_length=gen_length, block_size=block_size, max_active_blocks=max_active_blocks,
       tau_add=tau_add, tau_act=tau_act, tau_conf=tau_conf, temperature=temperature,
-      remasking=remasking, use_cache=use_cache)
+      remasking=remasking, use_cache=use_cache, window=window)
   return _generate(params, cfg, spec, limits, prompt_tokens, prompt_valid, rng, mesh, rules,
                    return_state)
 
