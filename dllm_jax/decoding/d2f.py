@@ -15,14 +15,18 @@ life cycle; this module holds the model calls and the loop.
 
 Static-shape design. The whole decode is one jitted `lax.while_loop` over the batch; every
 row has its own block cursors (`d2f_state`), so rows progress independently. Each step
-forwards a fixed window of W = A * k slots (A = `max_active_blocks`) starting at each
-row's first uncached block (a per-row gather), with response positions `len(prompt) + j`,
-block ids `1 + j // k`, and slots past the row's appended blocks marked invalid; the window
-attends to the cache and writes its leading `(ready - cached) * k` slots, the blocks that
-became final and contiguous, so the cache is exact. Final blocks awaiting their write were
-active one step before, so a window of A + 1 blocks always holds them; a `lax.cond` runs
-that larger window only on steps where some row needs it (for block diffusion: the first
-step of each block). Rows that are done ride along with an all-invalid window.
+forwards a window of W = w * k slots starting at each row's first uncached block (a per-row
+gather), with response positions `len(prompt) + j`, block ids `1 + j // k`, and slots past
+the row's appended blocks marked invalid; the window attends to the cache and writes its
+leading `(ready - cached) * k` slots, the blocks that became final and contiguous, so the
+cache is exact. The width w is chosen per step (`lax.switch`) from a few bucketed sizes:
+with `window="fitted"` (default) the smallest bucket (`d2f_state.bucket_sizes`, at most
+1.5x) that holds the widest live row's span `n_blocks - cached`, which is what the
+reference forwards (`x_t[:, cache_length:]`); with `window="full"` the widest window the
+settings allow (A or A + 1 blocks, A = `max_active_blocks`), kept for benchmarks. Slots
+forwarded only to be written (the prompt, the final blocks) need their K/V but no logits:
+the LM head runs only on the slots that can still commit (one block fewer whenever every
+live row writes one). Rows that are done ride along with an all-invalid window.
 
 Shifted-logits models (Dream: slot i is predicted by the output at i - 1) forward with
 the shift off and shift inside the decoder: the window's first slot takes the output saved
@@ -60,6 +64,7 @@ from dllm_jax.decoding import d2f_state as ds
 from dllm_jax.decoding.d2f_state import D2FSpec, D2FState
 from dllm_jax.models import kv_cache as kvc
 from dllm_jax.models import masks
+from dllm_jax.models import transformer as model_lib
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.models.transformer import Transformer, abstract_params
 from dllm_jax.parallel import mesh as mesh_lib
@@ -161,24 +166,47 @@ def _window_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, block
     positions = jnp.concatenate([masks.left_pad_positions(state.prompt_valid), positions], 1)
     valid = jnp.concatenate([state.prompt_valid, valid], axis=1)
     write_len = write_len + head
-  logits, cache = Transformer(cfg.replace(shift_logits=False)).apply(
-      {"params": params}, tokens, block_ids=ids, positions=positions, valid=valid,
-      cache=state.cache, write_len=write_len)
+  model = Transformer(cfg.replace(shift_logits=False))
+  call = functools.partial(model.apply, {"params": params}, tokens, block_ids=ids,
+                           positions=positions, valid=valid, cache=state.cache,
+                           write_len=write_len)
+  offset = jnp.arange(g, dtype=jnp.int32)[None] - start[:, None]           # [B, G]
+
+  def proposals(logits, first_slot, out_width):
+    """Proposals of window slots [first_slot, first_slot + out_width) per row -> [B, G]."""
+    x0, prob, score = _proposals(logits, spec, rng)
+    rel = offset - first_slot[:, None]
+    inside = (rel >= 0) & (rel < out_width)
+    back = lambda a: jnp.take_along_axis(a, jnp.clip(rel, 0, out_width - 1), axis=1)
+    return (back(x0), jnp.where(inside, back(prob), 0.0),
+            jnp.where(inside, back(score), sampling.NEG_INF))
+
   last = state.last_logits
   if cfg.shift_logits:  # slot j is predicted by the output at j - 1 (before the window: cached)
+    logits, cache = call()
     last_written = jnp.take_along_axis(
         logits, jnp.maximum(write_len - 1, 0)[:, None, None], axis=1)[:, 0]
     before = logits[:, head - 1] if with_prompt else state.last_logits
     logits = jnp.concatenate([before[:, None], logits[:, head:-1]], axis=1)
     last = jnp.where((write_len > 0)[:, None], last_written, state.last_logits)
-  else:
-    logits = logits[:, head:]
-  x0, prob, score = _proposals(logits, spec, rng)
-  offset = jnp.arange(g, dtype=jnp.int32)[None] - start[:, None]           # [B, G]
-  inside = (offset >= 0) & (offset < width)
-  back = lambda a: jnp.take_along_axis(a, jnp.clip(offset, 0, width - 1), axis=1)
-  return (back(x0), jnp.where(inside, back(prob), 0.0),
-          jnp.where(inside, back(score), sampling.NEG_INF)), cache, last
+    return proposals(logits, jnp.zeros_like(start), width), cache, last
+  # Slots forwarded only to be written (the prompt, final blocks [cached, ready)) need
+  # their K/V, not the LM head: project only the slots that can still commit.
+  hidden, cache = call(head=False)
+  zero = jnp.zeros_like(start)
+  if with_prompt or blocks == 1:
+    logits = model_lib.project(params, cfg, hidden[:, head:])
+    return proposals(logits, zero, width), cache, last
+  lead = jnp.where(live, state.ready - state.cached, 0)  # write-only blocks per row
+  narrow = (blocks - 1) * k
+
+  def skip_one_block():  # every live row writes >= 1 block: <= blocks - 1 can commit
+    first = lead * k
+    at = jnp.minimum(first[:, None] + jnp.arange(narrow, dtype=jnp.int32)[None], width - 1)
+    return proposals(model_lib.project(params, cfg, hidden, at), first, narrow)
+
+  everything = lambda: proposals(model_lib.project(params, cfg, hidden), zero, width)
+  return jax.lax.cond(jnp.all((lead >= 1) | ~live), skip_one_block, everything), cache, last
 
 
 def _canvas_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, rng: Array):
