@@ -15,14 +15,18 @@ life cycle; this module holds the model calls and the loop.
 
 Static-shape design. The whole decode is one jitted `lax.while_loop` over the batch; every
 row has its own block cursors (`d2f_state`), so rows progress independently. Each step
-forwards a fixed window of W = A * k slots (A = `max_active_blocks`) starting at each
-row's first uncached block (a per-row gather), with response positions `len(prompt) + j`,
-block ids `1 + j // k`, and slots past the row's appended blocks marked invalid; the window
-attends to the cache and writes its leading `(ready - cached) * k` slots, the blocks that
-became final and contiguous, so the cache is exact. Final blocks awaiting their write were
-active one step before, so a window of A + 1 blocks always holds them; a `lax.cond` runs
-that larger window only on steps where some row needs it (for block diffusion: the first
-step of each block). Rows that are done ride along with an all-invalid window.
+forwards a window of W = w * k slots starting at each row's first uncached block (a per-row
+gather), with response positions `len(prompt) + j`, block ids `1 + j // k`, and slots past
+the row's appended blocks marked invalid; the window attends to the cache and writes its
+leading `(ready - cached) * k` slots, the blocks that became final and contiguous, so the
+cache is exact. The width w is chosen per step (`lax.switch`) from a few bucketed sizes:
+with `window="fitted"` (default) the smallest bucket (`d2f_state.bucket_sizes`, at most
+1.5x) that holds the widest live row's span `n_blocks - cached`, which is what the
+reference forwards (`x_t[:, cache_length:]`); with `window="full"` the widest window the
+settings allow (A or A + 1 blocks, A = `max_active_blocks`), kept for benchmarks. Slots
+forwarded only to be written (the prompt, the final blocks) need their K/V but no logits:
+the LM head runs only on the slots that can still commit (one block fewer whenever every
+live row writes one). Rows that are done ride along with an all-invalid window.
 
 Shifted-logits models (Dream: slot i is predicted by the output at i - 1) forward with
 the shift off and shift inside the decoder: the window's first slot takes the output saved
@@ -60,6 +64,7 @@ from dllm_jax.decoding import d2f_state as ds
 from dllm_jax.decoding.d2f_state import D2FSpec, D2FState
 from dllm_jax.models import kv_cache as kvc
 from dllm_jax.models import masks
+from dllm_jax.models import transformer as model_lib
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.models.transformer import Transformer, abstract_params
 from dllm_jax.parallel import mesh as mesh_lib
@@ -71,7 +76,8 @@ def make_spec(cfg: ModelConfig, *, gen_length: int, block_size: int,
               max_active_blocks: int | None = None, tau_add: float = 0.1,
               tau_act: float = 0.95, tau_conf: float = 0.9, rule: str = "threshold",
               steps_per_block: int = 0, temperature: float = 0.0,
-              remasking: str = "probability", use_cache: bool = True):
+              remasking: str = "probability", use_cache: bool = True,
+              window: str = "fitted"):
   """Checks the decode settings (ValueError naming the fix).
 
   Returns (D2FSpec, the static part: a jit argument; Thresholds, the traced part).
@@ -102,6 +108,9 @@ def make_spec(cfg: ModelConfig, *, gen_length: int, block_size: int,
   if remasking not in sampling.CONFIDENCE_KINDS:
     raise ValueError(f"Unknown remasking {remasking!r}; use one of "
                      f"{sampling.CONFIDENCE_KINDS}.")
+  if window not in ds.WINDOW_POLICIES:
+    raise ValueError(f"Unknown window policy {window!r}; use one of {ds.WINDOW_POLICIES} "
+                     "(fitted: forward only the blocks in flight; full: the widest window).")
   if cfg.mask_token_id is None:
     raise ValueError(f"model config {cfg.name!r} has no mask_token_id; D2F needs one.")
   pad = next((i for i in (cfg.pad_token_id, cfg.eos_token_id) if i is not None), 0)
@@ -109,7 +118,7 @@ def make_spec(cfg: ModelConfig, *, gen_length: int, block_size: int,
       block_size=int(block_size), num_blocks=n, max_active=int(active), rule=rule,
       steps_per_block=int(steps_per_block) if rule == "count" else 0,
       temperature=float(temperature), remasking=remasking, use_cache=bool(use_cache),
-      mask_id=cfg.mask_token_id, stop_ids=base.stop_ids(cfg), pad_id=pad)
+      mask_id=cfg.mask_token_id, stop_ids=base.stop_ids(cfg), pad_id=pad, window=window)
   return spec, ds.Thresholds.create(block_size, tau_add, tau_act, tau_conf)
 
 
@@ -157,24 +166,47 @@ def _window_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, block
     positions = jnp.concatenate([masks.left_pad_positions(state.prompt_valid), positions], 1)
     valid = jnp.concatenate([state.prompt_valid, valid], axis=1)
     write_len = write_len + head
-  logits, cache = Transformer(cfg.replace(shift_logits=False)).apply(
-      {"params": params}, tokens, block_ids=ids, positions=positions, valid=valid,
-      cache=state.cache, write_len=write_len)
+  model = Transformer(cfg.replace(shift_logits=False))
+  call = functools.partial(model.apply, {"params": params}, tokens, block_ids=ids,
+                           positions=positions, valid=valid, cache=state.cache,
+                           write_len=write_len)
+  offset = jnp.arange(g, dtype=jnp.int32)[None] - start[:, None]           # [B, G]
+
+  def proposals(logits, first_slot, out_width):
+    """Proposals of window slots [first_slot, first_slot + out_width) per row -> [B, G]."""
+    x0, prob, score = _proposals(logits, spec, rng)
+    rel = offset - first_slot[:, None]
+    inside = (rel >= 0) & (rel < out_width)
+    back = lambda a: jnp.take_along_axis(a, jnp.clip(rel, 0, out_width - 1), axis=1)
+    return (back(x0), jnp.where(inside, back(prob), 0.0),
+            jnp.where(inside, back(score), sampling.NEG_INF))
+
   last = state.last_logits
   if cfg.shift_logits:  # slot j is predicted by the output at j - 1 (before the window: cached)
+    logits, cache = call()
     last_written = jnp.take_along_axis(
         logits, jnp.maximum(write_len - 1, 0)[:, None, None], axis=1)[:, 0]
     before = logits[:, head - 1] if with_prompt else state.last_logits
     logits = jnp.concatenate([before[:, None], logits[:, head:-1]], axis=1)
     last = jnp.where((write_len > 0)[:, None], last_written, state.last_logits)
-  else:
-    logits = logits[:, head:]
-  x0, prob, score = _proposals(logits, spec, rng)
-  offset = jnp.arange(g, dtype=jnp.int32)[None] - start[:, None]           # [B, G]
-  inside = (offset >= 0) & (offset < width)
-  back = lambda a: jnp.take_along_axis(a, jnp.clip(offset, 0, width - 1), axis=1)
-  return (back(x0), jnp.where(inside, back(prob), 0.0),
-          jnp.where(inside, back(score), sampling.NEG_INF)), cache, last
+    return proposals(logits, jnp.zeros_like(start), width), cache, last
+  # Slots forwarded only to be written (the prompt, final blocks [cached, ready)) need
+  # their K/V, not the LM head: project only the slots that can still commit.
+  hidden, cache = call(head=False)
+  zero = jnp.zeros_like(start)
+  if with_prompt or blocks == 1:
+    logits = model_lib.project(params, cfg, hidden[:, head:])
+    return proposals(logits, zero, width), cache, last
+  lead = jnp.where(live, state.ready - state.cached, 0)  # write-only blocks per row
+  narrow = (blocks - 1) * k
+
+  def skip_one_block():  # every live row writes >= 1 block: <= blocks - 1 can commit
+    first = lead * k
+    at = jnp.minimum(first[:, None] + jnp.arange(narrow, dtype=jnp.int32)[None], width - 1)
+    return proposals(model_lib.project(params, cfg, hidden, at), first, narrow)
+
+  everything = lambda: proposals(model_lib.project(params, cfg, hidden), zero, width)
+  return jax.lax.cond(jnp.all((lead >= 1) | ~live), skip_one_block, everything), cache, last
 
 
 def _canvas_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, rng: Array):
@@ -238,7 +270,8 @@ def _init(params, prompt, valid, rng, limits, *, cfg: ModelConfig, spec: D2FSpec
       prompt=prompt, prompt_valid=valid, response=jnp.full((b, g), spec.mask_id, jnp.int32),
       decided=jnp.zeros((b, g), bool), n_blocks=zeros, cached=zeros, ready=zeros,
       block_steps=jnp.zeros((b, n), jnp.int32), eos_seen=jnp.zeros((b,), bool),
-      done=jnp.zeros((b,), bool), forwards=zeros, steps=jnp.zeros((), jnp.int32), rng=rng,
+      done=jnp.zeros((b,), bool), forwards=zeros, steps=jnp.zeros((), jnp.int32),
+      forward_slots=jnp.zeros((), jnp.int32), rng=rng,
       limits=limits, cache=cache, last_logits=last)
   state = _constrain(ds.admit(spec, state), mesh, rules)
   return _step(params, state, cfg=cfg, spec=spec, mesh=mesh, rules=rules, first=True)
@@ -253,23 +286,30 @@ def _step(params, state: D2FState, *, cfg: ModelConfig, spec: D2FSpec, mesh=None
   """
   rng = jax.random.fold_in(state.rng, state.steps)
   cache, last = state.cache, state.last_logits
+  k = spec.block_size
   if not spec.use_cache:
     x0, prob, score = _canvas_step(params, cfg, spec, state, rng)
+    width = state.prompt.shape[1] + spec.gen_length
   elif first:
     (x0, prob, score), cache, last = _window_step(params, cfg, spec, state, 1, rng,
                                                   with_prompt=True)
+    width = state.prompt.shape[1] + k
   else:
     windows = spec.window_blocks
     run = lambda blocks, s: _window_step(params, cfg, spec, s, blocks, rng)
     if len(windows) == 1:
       (x0, prob, score), cache, last = run(windows[0], state)
-    else:
-      span = jnp.where(state.done, 0, state.n_blocks - state.cached)
-      (x0, prob, score), cache, last = jax.lax.cond(
-          jnp.any(span > windows[0]), functools.partial(run, windows[1]),
-          functools.partial(run, windows[0]), state)
+      width = windows[0] * k
+    else:  # the smallest window that holds every live row's uncached blocks
+      span = jnp.max(jnp.where(state.done, 0, state.n_blocks - state.cached))
+      index = jnp.minimum(jnp.searchsorted(jnp.asarray(windows, jnp.int32), span),
+                          len(windows) - 1)
+      (x0, prob, score), cache, last = jax.lax.switch(
+          index, [functools.partial(run, w) for w in windows], state)
+      width = jnp.asarray(windows, jnp.int32)[index] * k
   commit = ds.commit_mask(spec, state, prob, score)
-  state = ds.apply_commits(spec, state, commit, x0).replace(cache=cache, last_logits=last)
+  state = ds.apply_commits(spec, state, commit, x0).replace(
+      cache=cache, last_logits=last, forward_slots=state.forward_slots + width)
   return _constrain(ds.admit(spec, state), mesh, rules)
 
 
@@ -309,8 +349,8 @@ def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng
                  gen_length: int, block_size: int = 32, tau_add: float = 0.1,
                  tau_act: float = 0.95, tau_conf: float = 0.9,
                  max_active_blocks: int | None = None, temperature: float = 0.0,
-                 remasking: str = "probability", use_cache: bool = True, mesh=None,
-                 rules=None, return_state: bool = False):
+                 remasking: str = "probability", use_cache: bool = True,
+                 window: str = "fitted", mesh=None, rules=None, return_state: bool = False):
   """D2F pipelined parallel decoding of a left-padded prompt batch.
 
   Args:
@@ -324,6 +364,9 @@ def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng
     max_active_blocks: bound on blocks in flight (None: no bound, like the reference).
     temperature, remasking: token sampling and the ranking of the top-1 fallback.
     use_cache: False recomputes the whole block-causal canvas every step (same tokens).
+    window: "fitted" (default) forwards each step only the blocks still in flight, from a
+      bucketed set of widths; "full" the widest window the settings allow (same tokens;
+      kept for side-by-side benchmarks).
     mesh, rules: decode data-parallel over the batch and tensor-parallel over the params
       on a `parallel.mesh` mesh (same tokens as one device).
     return_state: also return the final `D2FState` (without its cache): per-row
@@ -334,7 +377,7 @@ def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng
   spec, limits = make_spec(
       cfg, gen_length=gen_length, block_size=block_size, max_active_blocks=max_active_blocks,
       tau_add=tau_add, tau_act=tau_act, tau_conf=tau_conf, temperature=temperature,
-      remasking=remasking, use_cache=use_cache)
+      remasking=remasking, use_cache=use_cache, window=window)
   return _generate(params, cfg, spec, limits, prompt_tokens, prompt_valid, rng, mesh, rules,
                    return_state)
 

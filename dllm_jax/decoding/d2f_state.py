@@ -38,6 +38,17 @@ from dllm_jax.models import kv_cache as kvc
 
 Array = jnp.ndarray
 COMMIT_RULES = ("threshold", "count")
+WINDOW_POLICIES = ("fitted", "full")
+
+
+def bucket_sizes(cap: int) -> tuple[int, ...]:
+  """Window widths in blocks, 1 .. cap: every size up to 4, then about x1.5 apart (6, 8, 12,
+  16, 24, ...), and cap itself. The smallest bucket that holds n blocks is at most 1.5 n."""
+  sizes, n = [], 1
+  while n < cap:
+    sizes.append(n)
+    n = n + 1 if n < 4 else (n * 3 // 2 if (n & (n - 1)) == 0 else n * 4 // 3)
+  return tuple(sizes) + (cap,)
 
 
 def fraction_to_count(tau: float, block_size: int) -> int:
@@ -60,6 +71,9 @@ class D2FSpec:
     remasking: confidence kind that ranks positions (sampling.CONFIDENCE_KINDS); the
       threshold itself always reads the probability of the proposed token.
     use_cache: exact K/V cache of final blocks; False recomputes the whole canvas per step.
+    window: "fitted" forwards, per step, the smallest bucketed window that holds every
+      row's uncached blocks (`bucket_sizes`); "full" forwards the widest window the
+      settings allow (A blocks, or A + 1 when some row must write a final block).
     mask_id, stop_ids, pad_id: special ids from the model config.
   """
   block_size: int
@@ -73,6 +87,7 @@ class D2FSpec:
   mask_id: int
   stop_ids: tuple[int, ...]
   pad_id: int
+  window: str = "fitted"
 
   @property
   def gen_length(self) -> int:
@@ -80,15 +95,18 @@ class D2FSpec:
 
   @property
   def window_blocks(self) -> tuple[int, ...]:
-    """Forward window sizes in blocks: the common one and, if larger, the rare one.
+    """Forward window widths in blocks, ascending; each step runs the smallest one that
+    holds its widest row's span `n_blocks - cached` (`lax.switch`).
 
     In flight are at most `max_active` active blocks plus the final blocks still to be
     written; those were active one step earlier, so together with the active ones they
-    number at most `max_active`, plus the one block appended this step: A + 1 (capped at N).
-    When no row needs the extra block the step runs the A-block window instead (lax.cond).
+    number at most `max_active`, plus the one block appended this step: A + 1 (capped at
+    N). "full" keeps only A and A + 1; "fitted" every bucket up to A + 1.
     """
     small = min(self.max_active, self.num_blocks)
     large = min(self.max_active + 1, self.num_blocks)
+    if self.window == "fitted":
+      return bucket_sizes(large)
     return (small,) if small == large else (small, large)
 
 
@@ -129,6 +147,8 @@ class D2FState:
     done: [B] bool the row needs no more forwards.
     forwards: [B] int32 loop forwards in which the row was live.
     steps: [] int32 loop iterations (one batched forward each).
+    forward_slots: [] int32 slots the forwards carried, summed over steps (per row of the
+      batch; the first forward's prompt included): the window policy's cost measure.
     rng: PRNG key.
     limits: the decode's Thresholds.
     cache: KVCache of P + G slots, or None without a cache.
@@ -147,6 +167,7 @@ class D2FState:
   done: Array
   forwards: Array
   steps: Array
+  forward_slots: Array
   rng: Array
   limits: Thresholds
   cache: kvc.KVCache | None

@@ -56,7 +56,8 @@ class Transformer(nn.Module):
   def __call__(self, tokens: Array, *, block_ids: Array, positions: Array | None = None,
                valid: Array | None = None, cache: kvc.KVCache | None = None,
                write_len: Array | int | None = None, deterministic: bool = True,
-               return_hidden: bool = False, input_embeddings: Array | None = None):
+               return_hidden: bool = False, input_embeddings: Array | None = None,
+               head: bool = True):
     """Runs T tokens, attending to `cache` (if any) plus themselves.
 
     Args:
@@ -71,6 +72,9 @@ class Transformer(nn.Module):
       return_hidden: also return the final hidden states [B, T, D].
       input_embeddings: [B, T, D] used instead of looking `tokens` up (soft prompts,
         gradient analysis); `tokens` still sets the shapes.
+      head: False skips the LM head: the first output is then the final (normed) hidden
+        states [B, T, D], and `project(params, cfg, hidden[, at])` computes logits for the
+        slots that need them (decoders whose forwards carry slots only to fill the cache).
 
     Returns:
       logits [B, T, V] float32, then the new cache if `cache` was given, then hidden states
@@ -108,28 +112,67 @@ class Transformer(nn.Module):
     x, new_kv = layers(x, layer_kv, positions, query_ids, key_ids)
 
     hidden = RMSNorm(cfg.norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name="final_norm")(x)
+    if not head:
+      if self.is_initializing():
+        raise ValueError("initialise with head=True: the LM head's params must be created.")
+      outputs = (hidden,)
+      if cache is not None:
+        outputs += (_write_cache(cache, new_kv, chunk_key_ids, write_len, batch, t),)
+      return outputs[0] if len(outputs) == 1 else outputs
     if cfg.tie_embeddings:
       logits = embed.attend(hidden.astype(cfg.jnp_dtype))
     else:
       logits = Dense(cfg.vocab_size, ("embed", "vocab"), cfg.jnp_dtype, cfg.jnp_param_dtype,
                      name="lm_head")(hidden)
-    logits = logits.astype(jnp.float32)
-    if cfg.active_vocab_size is not None and cfg.active_vocab_size < cfg.vocab_size:
-      ids = jnp.arange(cfg.vocab_size, dtype=jnp.int32)
-      logits = jnp.where(ids < cfg.active_vocab_size, logits, ACTIVE_VOCAB_FLOOR)
+    logits = _floor_inactive(cfg, logits.astype(jnp.float32))
     if cfg.shift_logits:  # Dream: the prediction for position i lives at output i - 1.
       logits = jnp.concatenate([logits[:, :1], logits[:, :-1]], axis=1)
     logits = nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
 
     outputs = (logits,)
     if cache is not None:
-      if write_len is None:
-        write_len = t
-      write_len = jnp.broadcast_to(jnp.asarray(write_len, jnp.int32), (batch,))
-      outputs += (kvc.write(cache, new_kv[0], new_kv[1], chunk_key_ids, write_len),)
+      outputs += (_write_cache(cache, new_kv, chunk_key_ids, write_len, batch, t),)
     if return_hidden:
       outputs += (hidden,)
     return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _write_cache(cache: kvc.KVCache, new_kv, key_ids, write_len, batch: int, t: int):
+  """The cache after writing each row's first `write_len` (default all T) chunk tokens."""
+  write_len = t if write_len is None else write_len
+  write_len = jnp.broadcast_to(jnp.asarray(write_len, jnp.int32), (batch,))
+  return kvc.write(cache, new_kv[0], new_kv[1], key_ids, write_len)
+
+
+def _floor_inactive(cfg: ModelConfig, logits: Array) -> Array:
+  """Ids past the tokenizer's vocabulary (`active_vocab_size`) get the floor logit."""
+  if cfg.active_vocab_size is not None and cfg.active_vocab_size < cfg.vocab_size:
+    ids = jnp.arange(cfg.vocab_size, dtype=jnp.int32)
+    logits = jnp.where(ids < cfg.active_vocab_size, logits, ACTIVE_VOCAB_FLOOR)
+  return logits
+
+
+def project(params, cfg: ModelConfig, hidden: Array, at: Array | None = None) -> Array:
+  """LM-head logits of final hidden states from `Transformer(..., head=False)`.
+
+  Args:
+    hidden: [B, T, D] final (normed) hidden states.
+    at: optional [B, T_out] int indices into T: only those slots are projected (the head
+      costs D * V per slot, the largest single matmul of a big-vocabulary model).
+  Returns [B, T_out, V] float32 logits, equal to those `head=True` gives at the same slots
+  (before Dream's shift, which the caller applies).
+  """
+  if at is not None:
+    hidden = jnp.take_along_axis(hidden, at[..., None].astype(jnp.int32), axis=1)
+  if cfg.tie_embeddings:
+    embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.jnp_dtype,
+                     param_dtype=cfg.jnp_param_dtype)
+    logits = embed.apply({"params": params["embed"]}, hidden.astype(cfg.jnp_dtype),
+                         method=nn.Embed.attend)
+  else:
+    logits = Dense(cfg.vocab_size, ("embed", "vocab"), cfg.jnp_dtype,
+                   cfg.jnp_param_dtype).apply({"params": params["lm_head"]}, hidden)
+  return _floor_inactive(cfg, logits.astype(jnp.float32))
 
 
 def _check_inputs(cfg: ModelConfig, tokens, cache):
