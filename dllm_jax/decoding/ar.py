@@ -202,9 +202,14 @@ def ar_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=
   """
   base.check_on_nonfinite(on_nonfinite)
   opts = base.make_options(AROptions, options)
-  base.check_prompts(cfg, prompt_tokens, prompt_valid, opts.gen_length, needs_mask=False)
+  check(cfg, prompt_tokens, prompt_valid, opts)
   rng = jax.random.key(0) if rng is None else rng
   tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
   static, knobs = opts.split()
   out = _generate(params, tokens, valid, rng, knobs, cfg=cfg, opts=static)
   return base.raise_if_nonfinite(out, on_nonfinite)
+
+
+def check(cfg: ModelConfig, tokens, valid, opts: AROptions) -> None:
+  """Validates a prompt batch against the options (before anything is compiled)."""
+  base.check_prompts(cfg, tokens, valid, opts.gen_length, needs_mask=False)
