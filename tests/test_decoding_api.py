@@ -114,7 +114,7 @@ def test_ar_stream_yields_one_token_per_row_and_step(model):
 
 def test_stream_rejects_unknown_methods_and_options(model):
   cfg, params = model
-  with pytest.raises(ValueError, match="cannot be streamed"):
-    next(streaming.stream(params, cfg, PROMPTS, method="d2f"))
+  with pytest.raises(ValueError, match="Unknown decoding method 'beam'"):
+    next(streaming.stream(params, cfg, PROMPTS, method="beam"))
   with pytest.raises(ValueError, match="threshhold"):
     next(streaming.stream(params, cfg, PROMPTS, method="fast_dllm", threshhold=0.5))

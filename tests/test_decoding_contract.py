@@ -182,8 +182,8 @@ def test_sweeping_traced_options_compiles_once(model, name):
   api.generate(params, cfg, PROMPTS, method=method, rng=rng, **fixed)
   compiled = jitted._cache_size()
   for option, values in sweeps.items():
-    outs = [api.generate(params, cfg, PROMPTS, method=method, rng=rng, **fixed,
-                         **{option: v}) for v in values]
+    outs = [api.generate(params, cfg, PROMPTS, method=method, rng=rng,
+                         **{**fixed, option: v}) for v in values]
     assert jitted._cache_size() == compiled, f"{option} recompiled"
     if option in ("temperature", "threshold", "tau_conf"):  # the knob really reaches the loop
       assert len({np.asarray(o.tokens).tobytes() + np.asarray(o.nfe).tobytes()
