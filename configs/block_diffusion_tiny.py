@@ -26,6 +26,6 @@ def get_config():
   c.train.ckpt_every = 1000
 
   c.decode.method = "block_diffusion"
-  c.decode.options = {"block_size": BLOCK, "steps_per_block": BLOCK}
+  c.decode.options = {"block_length": BLOCK, "steps_per_block": BLOCK}
   c.decode.eval_examples = 256
   return config_lib.finalize(c)

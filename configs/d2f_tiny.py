@@ -37,6 +37,6 @@ def get_config():
   c.train.init_from = "/tmp/dllm_jax_runs/mdm_tiny"
 
   c.decode.method = "d2f"
-  c.decode.options = {"block_size": BLOCK}
+  c.decode.options = {"block_length": BLOCK}
   c.decode.eval_examples = 256
   return config_lib.finalize(c)

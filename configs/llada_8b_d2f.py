@@ -53,7 +53,7 @@ def get_config():
   c.mesh.shape = {"data": 1, "fsdp": -1, "tensor": 1}
 
   c.decode.method = "d2f"
-  c.decode.options = {"block_size": BLOCK, "tau_add": 0.1, "tau_act": 0.95, "tau_conf": 0.9}
+  c.decode.options = {"block_length": BLOCK, "tau_add": 0.1, "tau_act": 0.95, "tau_conf": 0.9}
   c.decode.eval_examples = 256
   c.decode.batch_size = 32
   return config_lib.finalize(c)

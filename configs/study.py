@@ -58,7 +58,7 @@ def _methods(mode: str, gen_length: int, train_block: int):
       for tau in (0.9, 0.7, 0.5):
         bound = "" if active is None else f" A={active}"
         d2f.append({"method": "d2f", "label": f"d2f k={block}{bound} tau={tau}", "model": "d2f",
-                    "options": {"block_size": block, "tau_conf": tau, "tau_add": 0.1,
+                    "options": {"block_length": block, "tau_conf": tau, "tau_add": 0.1,
                                 "tau_act": 0.95, "max_active_blocks": active}})
   return [
       {"method": "ar", "label": "ar", "model": "ar", "options": {}},
@@ -76,9 +76,9 @@ def _methods(mode: str, gen_length: int, train_block: int):
        "options": {"block_length": g // 2, "threshold": 0.9, "cache": "dual"}},
       # D2F decoding on the undistilled MDM: what the distillation buys.
       {"method": "d2f", "label": "d2f on mdm (no distill) k=8", "model": "mdm",
-       "options": {"block_size": 8, "tau_conf": 0.9}},
+       "options": {"block_length": 8, "tau_conf": 0.9}},
       {"method": "block_diffusion", "label": f"block diffusion k={train_block}", "model": "d2f",
-       "options": {"block_size": train_block, "steps_per_block": train_block}},
+       "options": {"block_length": train_block, "steps_per_block": train_block}},
   ] + d2f
 
 
@@ -112,7 +112,7 @@ def get_config(mode: str = ""):
       m.model.n_heads = m.model.n_kv_heads = 8
       m.model.max_seq_len = 128
   c.models.d2f.objective.options = {"block_size": train_block}
-  c.models.d2f.decode.options = {"block_size": train_block}
+  c.models.d2f.decode.options = {"block_length": train_block}
 
   c.eval = config_dict.ConfigDict()
   c.eval.num_prompts = 128 if not full else 512

@@ -1,7 +1,7 @@
 """Generate from a real local checkpoint with any decoder.
 
   python -m dllm_jax.generate --model /ckpt/LLaDA-8B-Instruct --adapter /ckpt/D2F_LLaDA_LoRA \
-      --method d2f --prompt "What is 12 * 34?" --gen_length 256 --opt block_size=32
+      --method d2f --prompt "What is 12 * 34?" --gen_length 256 --opt block_length=32
 
 Loads `config.json` + safetensors (family detected), optionally a PEFT LoRA adapter, the
 checkpoint's own tokenizer and chat template (special ids from the checkpoint, never
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--mesh", default=None,
                  help='mesh shape as JSON, e.g. \'{"tensor": 8}\'; default: one device')
   p.add_argument("--opt", action="append", type=_parse_opt, default=[],
-                 help="decoder option key=value (e.g. block_size=32, tau_conf=0.9)")
+                 help="decoder option key=value (e.g. block_length=32, tau_conf=0.9)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
   return p

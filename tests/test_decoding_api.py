@@ -70,15 +70,15 @@ def test_d2f_dispatch_passes_prompts_options_and_mesh(monkeypatch):
 
   monkeypatch.setattr(d2f, "d2f_generate", recorder)
   cfg = get_preset("tiny")
-  out = api.generate(None, cfg, [[5, 6, 7], [8]], method="d2f", gen_length=8, block_size=4,
+  out = api.generate(None, cfg, [[5, 6, 7], [8]], method="d2f", gen_length=8, block_length=4,
                      tau_conf=0.8)
   tokens, valid, kw = calls[-1]
   np.testing.assert_array_equal(tokens, [[5, 6, 7], [0, 0, 8]])
   np.testing.assert_array_equal(valid, [[1, 1, 1], [0, 0, 1]])
-  assert kw == {"gen_length": 8, "block_size": 4, "tau_conf": 0.8}
+  assert kw == {"gen_length": 8, "block_length": 4, "tau_conf": 0.8}
   mesh = mesh_lib.make_mesh({"data": 1})
   out = api.generate(None, cfg, [[5, 6, 7], [8]], method="d2f", mesh=mesh, gen_length=8,
-                     block_size=4)
+                     block_length=4)
   assert calls[-1][2]["mesh"] is mesh and out.tokens.shape == (2, 4)
 
 
@@ -114,7 +114,7 @@ def test_ar_stream_yields_one_token_per_row_and_step(model):
 
 def test_stream_rejects_unknown_methods_and_options(model):
   cfg, params = model
-  with pytest.raises(ValueError, match="cannot be streamed"):
-    next(streaming.stream(params, cfg, PROMPTS, method="d2f"))
+  with pytest.raises(ValueError, match="Unknown decoding method 'beam'"):
+    next(streaming.stream(params, cfg, PROMPTS, method="beam"))
   with pytest.raises(ValueError, match="threshhold"):
     next(streaming.stream(params, cfg, PROMPTS, method="fast_dllm", threshhold=0.5))

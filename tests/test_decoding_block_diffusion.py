@@ -67,9 +67,9 @@ def test_equals_d2f_with_one_block_in_flight(params, batch):
   """s = k commits the top-1 per step: exactly D2F with one block in flight and a
   threshold above 1. Both run G forwards, the first with the prompt (no stop token here)."""
   bd, bd_state = d2f.block_diffusion_generate(params, CFG, *batch, gen_length=G,
-                                              block_size=K, steps_per_block=K,
+                                              block_length=K, steps_per_block=K,
                                               return_state=True)
-  pipe, pipe_state = d2f.d2f_generate(params, CFG, *batch, gen_length=G, block_size=K,
+  pipe, pipe_state = d2f.d2f_generate(params, CFG, *batch, gen_length=G, block_length=K,
                                       tau_conf=1.5, max_active_blocks=1, return_state=True)
   np.testing.assert_array_equal(bd.tokens, pipe.tokens)
   assert not np.any(np.isin(np.asarray(bd.tokens), base.stop_ids(CFG)))
@@ -85,7 +85,7 @@ def test_equals_d2f_with_one_block_in_flight(params, batch):
 def test_matches_semi_ar_reference_with_uneven_schedule(params, batch):
   """k = 4, s = 3: steps commit 2, 1, 1 tokens; N * s forwards per row."""
   steps = 3
-  out, state = d2f.block_diffusion_generate(params, CFG, *batch, gen_length=G, block_size=K,
+  out, state = d2f.block_diffusion_generate(params, CFG, *batch, gen_length=G, block_length=K,
                                             steps_per_block=steps, return_state=True)
   stopped = 0
   for row, prompt in enumerate(PROMPTS):
@@ -106,10 +106,10 @@ def test_matches_semi_ar_reference_with_uneven_schedule(params, batch):
 @pytest.mark.parametrize("kw,match", [
     (dict(steps_per_block=0), "steps_per_block"),
     (dict(steps_per_block=K + 1), "steps_per_block"),
-    (dict(gen_length=G + 2), "multiple of block_size"),
+    (dict(gen_length=G + 2), "multiple of block_length"),
     (dict(temperature=-1.0), "temperature"),
 ])
 def test_bad_settings_raise(params, batch, kw, match):
-  args = dict(gen_length=G, block_size=K, steps_per_block=2) | kw
+  args = dict(gen_length=G, block_length=K, steps_per_block=2) | kw
   with pytest.raises(ValueError, match=match):
     d2f.block_diffusion_generate(params, CFG, *batch, **args)

@@ -62,14 +62,14 @@ def batch():
 
 # ----------------------------------------------------------------------------- reference
 
-def reference_d2f(params, cfg, prompt, *, gen_length, block_size, tau_add, tau_act, tau_conf,
+def reference_d2f(params, cfg, prompt, *, gen_length, block_length, tau_add, tau_act, tau_conf,
                   max_active=None):
   """D2F for one unpadded prompt: Python loop, full block-causal forward, no cache.
 
   Returns (response cut at the first stop, its length, forwards run, blocks appended
   before the first stop was committed, blocks appended in all).
   """
-  k, p, mask = block_size, len(prompt), cfg.mask_token_id
+  k, p, mask = block_length, len(prompt), cfg.mask_token_id
   n_total = gen_length // k
   limit = n_total if max_active is None else max_active
   stops = set(base.stop_ids(cfg))
@@ -125,7 +125,7 @@ def reference_d2f(params, cfg, prompt, *, gen_length, block_size, tau_add, tau_a
 def check_against_reference(params, cfg, batch, **kw):
   toks, valid = batch
   out, state = d2f.d2f_generate(params, cfg, toks, valid, gen_length=kw["gen_length"],
-                                block_size=kw["block_size"], tau_add=kw["tau_add"],
+                                block_length=kw["block_length"], tau_add=kw["tau_add"],
                                 tau_act=kw["tau_act"], tau_conf=kw["tau_conf"],
                                 max_active_blocks=kw.get("max_active"), return_state=True)
   refs = [reference_d2f(params, cfg, p, **kw) for p in PROMPTS]
@@ -142,8 +142,8 @@ def check_against_reference(params, cfg, batch, **kw):
 
 # ----------------------------------------------------------------------------- tests
 
-TWO_IN_FLIGHT = dict(block_size=K, tau_add=0.5, tau_act=0.5, tau_conf=0.7)
-SETTINGS = [  # block_size, tau_add, tau_act, tau_conf, max_active
+TWO_IN_FLIGHT = dict(block_length=K, tau_add=0.5, tau_act=0.5, tau_conf=0.7)
+SETTINGS = [  # block_length, tau_add, tau_act, tau_conf, max_active
     pytest.param(4, 0.1, 0.95, 0.9, None, id="defaults-unbounded"),
     pytest.param(4, 0.5, 0.5, 0.7, 2, id="two-in-flight"),
     pytest.param(2, 0.0, 1.0, 0.6, 3, id="block2-add-every-step-three-in-flight"),
@@ -153,7 +153,7 @@ SETTINGS = [  # block_size, tau_add, tau_act, tau_conf, max_active
 @pytest.mark.parametrize("k,tau_add,tau_act,tau_conf,active", SETTINGS)
 def test_matches_python_reference(params, batch, k, tau_add, tau_act, tau_conf, active):
   out, state, refs = check_against_reference(
-      params, CFG, batch, gen_length=G, block_size=k, tau_add=tau_add, tau_act=tau_act,
+      params, CFG, batch, gen_length=G, block_length=k, tau_add=tau_add, tau_act=tau_act,
       tau_conf=tau_conf, max_active=active)
   # The pipeline really ran: several tokens per forward on average.
   assert np.all(np.asarray(out.committed) >= np.asarray(out.lengths))
@@ -178,7 +178,7 @@ def test_shifted_logits_model(params, batch):
 
 
 def test_batch_equals_single_rows(params, batch):
-  kw = dict(gen_length=G, block_size=K, tau_add=0.1, tau_act=0.95, tau_conf=0.9)
+  kw = dict(gen_length=G, block_length=K, tau_add=0.1, tau_act=0.95, tau_conf=0.9)
   out, state = d2f.d2f_generate(params, CFG, *batch, return_state=True, **kw)
   toks, valid = batch  # rows keep their own padding (one compile for all three)
   for row in range(len(PROMPTS)):
@@ -229,7 +229,7 @@ def test_stop_token_ends_blocks_and_cuts_output(params, batch):
 
 
 def test_sampling_never_commits_mask_and_is_seeded(params, batch):
-  kw = dict(gen_length=G, block_size=K, temperature=1.0, remasking="margin")
+  kw = dict(gen_length=G, block_length=K, temperature=1.0, remasking="margin")
   a = d2f.d2f_generate(params, CFG, *batch, rng=jax.random.key(3), **kw)
   b = d2f.d2f_generate(params, CFG, *batch, rng=jax.random.key(3), **kw)
   np.testing.assert_array_equal(a.tokens, b.tokens)
@@ -237,8 +237,8 @@ def test_sampling_never_commits_mask_and_is_seeded(params, batch):
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(gen_length=15), "multiple of block_size"),
-    (dict(block_size=0), "block_size"),
+    (dict(gen_length=15), "multiple of block_length"),
+    (dict(block_length=0), "block_length"),
     (dict(tau_add=1.5), "tau_add"),
     (dict(tau_act=-0.1), "tau_act"),
     (dict(tau_conf=float("nan")), "tau_conf"),
@@ -248,7 +248,7 @@ def test_sampling_never_commits_mask_and_is_seeded(params, batch):
     (dict(gen_length=128), "max_seq_len"),
 ])
 def test_bad_settings_raise_before_compiling(params, batch, kw, match):
-  args = dict(gen_length=G, block_size=K) | kw
+  args = dict(gen_length=G, block_length=K) | kw
   with pytest.raises(ValueError, match=match):
     d2f.d2f_generate(params, CFG, *batch, **args)
 
@@ -256,10 +256,10 @@ def test_bad_settings_raise_before_compiling(params, batch, kw, match):
 def test_bad_prompts_raise(params):
   toks, valid = base.pad_prompts([[5, CFG.mask_token_id, 7]], CFG.pad_token_id)
   with pytest.raises(ValueError, match="mask id"):
-    d2f.d2f_generate(params, CFG, toks, valid, gen_length=G, block_size=K)
+    d2f.d2f_generate(params, CFG, toks, valid, gen_length=G, block_length=K)
   toks, valid = base.pad_prompts([[5, 6], [7]], CFG.pad_token_id)
   with pytest.raises(ValueError, match="LEFT padded"):
-    d2f.d2f_generate(params, CFG, toks, valid[:, ::-1], gen_length=G, block_size=K)
+    d2f.d2f_generate(params, CFG, toks, valid[:, ::-1], gen_length=G, block_length=K)
 
 
 def test_thresholds_follow_the_reference_float_rule():
@@ -277,7 +277,7 @@ def test_eight_devices_equal_one(run_devices):
       import tests.test_decoding_d2f as t
       params = t.peaked_params()
       toks, valid = base.pad_prompts(t.PROMPTS + [[20, 21, 22]], t.CFG.pad_token_id)
-      kw = dict(gen_length=16, block_size=4, tau_add=0.5, tau_act=0.5, tau_conf=0.7,
+      kw = dict(gen_length=16, block_length=4, tau_add=0.5, tau_act=0.5, tau_conf=0.7,
                 max_active_blocks=2)
       one = d2f.d2f_generate(params, t.CFG, toks, valid, **kw)
       mesh = mesh_lib.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})

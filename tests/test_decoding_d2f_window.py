@@ -43,7 +43,7 @@ def test_bucket_sizes_hold_every_span_within_one_and_a_half():
     dict(tau_add=0.5, tau_act=0.5, tau_conf=0.7, max_active_blocks=3),
 ], ids=["reference-taus", "eager-append", "three-in-flight"])
 def test_fitted_equals_full_with_fewer_slots(params, batch, kw):
-  run = lambda window: d2f.d2f_generate(params, CFG, *batch, gen_length=G, block_size=K,
+  run = lambda window: d2f.d2f_generate(params, CFG, *batch, gen_length=G, block_length=K,
                                         window=window, return_state=True, **kw)
   (fit, fit_state), (full, full_state) = run("fitted"), run("full")
   np.testing.assert_array_equal(fit.tokens, full.tokens)
@@ -55,7 +55,7 @@ def test_fitted_equals_full_with_fewer_slots(params, batch, kw):
 
 
 def test_each_step_runs_the_smallest_bucket_that_holds_the_span(params, batch):
-  kw = dict(gen_length=G, block_size=K, tau_add=0.0, tau_act=0.5, tau_conf=0.7)
+  kw = dict(gen_length=G, block_length=K, tau_add=0.0, tau_act=0.5, tau_conf=0.7)
   spec, limits = d2f.make_spec(CFG, **kw)
   assert spec.window == "fitted" and spec.window_blocks == ds.bucket_sizes(spec.num_blocks)
   state = d2f.init_state(params, *batch, jax.random.key(0), limits, cfg=CFG, spec=spec)
@@ -74,4 +74,4 @@ def test_each_step_runs_the_smallest_bucket_that_holds_the_span(params, batch):
 
 def test_unknown_window_policy_is_named(params, batch):
   with pytest.raises(ValueError, match="window policy 'wide'.*fitted"):
-    d2f.d2f_generate(params, CFG, *batch, gen_length=G, block_size=K, window="wide")
+    d2f.d2f_generate(params, CFG, *batch, gen_length=G, block_length=K, window="wide")

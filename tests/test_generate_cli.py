@@ -54,7 +54,7 @@ def llada_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("method,opts", [
-    ("d2f", ["block_size=4", "tau_conf=0.5"]),
+    ("d2f", ["block_length=4", "tau_conf=0.5"]),
     ("llada", ["block_length=8", "steps=8"]),
 ])
 def test_cli_generates_with_adapter(llada_dir, capsys, method, opts):

@@ -280,7 +280,7 @@ def test_active_vocab_size_bounds_every_decoder(params):
   prompts = [[1, 5, 6, 7], [1, 9]]
   for method, opts in (("ar", {}), ("llada", {"steps": 8}),
                        ("fast_dllm", {"block_length": 4, "threshold": 0.9}),
-                       ("d2f", {"block_size": 4})):
+                       ("d2f", {"block_length": 4})):
     free = decoding.generate(strong, CFG, prompts, method=method, gen_length=8, **opts)
     assert int(jnp.max(free.tokens)) >= n, method  # the test model does reach for them
     out = decoding.generate(strong, CFG.replace(active_vocab_size=n), prompts, method=method,

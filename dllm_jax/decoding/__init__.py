@@ -2,11 +2,50 @@
 
   generate(params, cfg, prompts, method="ar" | "llada" | "dream" | "fast_dllm" | "d2f" |
            "block_diffusion", rng=None, mesh=None, **options) -> DecodeOutput
+  stream(params, cfg, prompts, method=..., rng=None, **options) -> Iterator[StreamEvent]
+
+Option vocabulary (one name and one default per concept; `api.option_names(method)`):
+
+  option          default           methods              traced?  meaning
+  gen_length      128               all                  static   response slots G
+  block_length    32, capped at G   all but ar           static   slots per block (divides G)
+  temperature     0.0 (greedy)      all                  traced   token sampling temperature
+  early_stop      True              ar, llada, dream,    static   stop rows whose answer is
+                                    fast_dllm                     final (output unchanged)
+  on_nonfinite    "raise"           all                  host     "raise" NonFiniteLogitsError
+                                                                  or "flag" the rows
+  top_k, top_p    0, 1.0            ar                   traced   filtering before sampling
+  steps           gen_length        llada, dream         static   forwards in total
+  remasking       "low_confidence"  llada (dream:        static   confidence ranking
+                  "entropy")
+  alg_temp        0.0               llada, dream         traced   Dream's order temperature
+  cfg_scale       0.0 (off)         llada, dream         traced*  guidance scale (*on/off is
+                                                                  static: CFG doubles the batch)
+  logits_eos_inf, confidence_eos_eot_inf   llada, dream  static   LLaDA's EOS handling
+  rule            "threshold"       fast_dllm            static   "threshold" or "factor"
+  threshold       0.9               fast_dllm            traced   commit probability bound
+  factor          1.0               fast_dllm            traced   factor rule's f
+  cache           "none"            fast_dllm            static   "none", "prefix", "dual"
+  tau_add, tau_act, tau_conf  0.1, 0.95, 0.9   d2f       traced   D2F block thresholds
+  max_active_blocks  None (no bound)  d2f                static   blocks in flight
+  steps_per_block block_length      block_diffusion      static   forwards per block
+  remasking       "probability"     d2f, block_diffusion static   sampling.CONFIDENCE_KINDS
+  use_cache       True              d2f, block_diffusion static   exact K/V cache
+
+Traced options are data, not compile keys: sweeping them never recompiles. Every method
+checks prompt + gen_length <= max_seq_len with one check (`base.check_window`) whose message
+names the largest gen_length that fits; NaN (and inf where meaningless) options are a
+ValueError naming the option. The old D2F name `block_size` is a ValueError saying to use
+`block_length`.
+
+Every `DecodeOutput` carries `finite` [B]: False for a row whose logits were ever NaN/inf;
+such a row's tokens are pad and its length 0, and `generate` / `stream` raise
+`NonFiniteLogitsError` naming it unless on_nonfinite="flag".
 """
 
-from dllm_jax.decoding.api import METHODS, generate
+from dllm_jax.decoding.api import METHODS, generate, option_names
 from dllm_jax.decoding.ar import AROptions, ar_generate
-from dllm_jax.decoding.base import DecodeOutput, pad_prompts
+from dllm_jax.decoding.base import DecodeOutput, NonFiniteLogitsError, pad_prompts
 from dllm_jax.decoding.d2f import block_diffusion_generate, d2f_generate
 from dllm_jax.decoding.fast_dllm import FastDLLMOptions, fast_dllm_generate
 from dllm_jax.decoding.llada import LLaDAOptions, dream_generate, llada_generate

@@ -8,11 +8,16 @@ Shape legend: B batch, P padded prompt length, G gen_length.
 
 Options are checked against the method's options dataclass (or, for decoders living in other
 modules, against the decoder's keyword-only parameters): a misspelt option is an error, never
-silently ignored.
+silently ignored. `option_names(method)` lists them (the shared vocabulary is in the package
+docstring); the old D2F spelling `block_size` is an error that says to use `block_length`.
+
+Rows whose logits were ever non-finite are flagged in `DecodeOutput.finite`; `generate`
+raises `NonFiniteLogitsError` naming them unless `on_nonfinite="flag"`.
 
 With `mesh=`, the batch is split over the mesh's data axes (rows are padded to a multiple of
-the data-parallel size by repeating the last row, then dropped) and the parameters are placed
-by `parallel.mesh.param_shardings` (tensor / fsdp axes). The same jitted decoder then runs as
+the data-parallel size by repeating the last row, then dropped). Parameters already on the
+mesh's devices stay where they are; host or single-device parameters are placed by
+`parallel.mesh.param_shardings` (tensor / fsdp axes). The same jitted decoder then runs as
 one SPMD program; rows are independent and each row's random keys depend only on its index,
 so the tokens equal single-device decoding.
 """
@@ -31,7 +36,6 @@ import numpy as np
 
 from dllm_jax.decoding import ar, base, fast_dllm, llada
 from dllm_jax.models.config import ModelConfig
-from dllm_jax.models.transformer import abstract_params
 from dllm_jax.parallel import mesh as mesh_lib
 
 
@@ -74,26 +78,34 @@ def resolve(method: str):
 def _option_names(method: str) -> tuple[str, ...]:
   entry = METHODS[method]
   if entry.options is not None:
-    return tuple(f.name for f in dataclasses.fields(entry.options))
+    return tuple(f.name for f in dataclasses.fields(entry.options)) + ("on_nonfinite",)
   params = inspect.signature(resolve(method)).parameters.values()
   return tuple(p.name for p in params
                if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _NOT_OPTIONS)
 
 
 def option_names(method: str) -> list[str]:
-  """The options `method` accepts (its dataclass fields or keyword-only parameters)."""
+  """The options `method` accepts (its dataclass fields or keyword-only parameters, plus
+  on_nonfinite)."""
   if method not in METHODS:
     resolve(method)  # raises the unknown-method error
   return list(_option_names(method))
 
 
-# Keywords `generate` owns itself (placement) or that would change its return type.
-_NOT_OPTIONS = ("mesh", "rules", "return_state")
+# Keywords `generate` owns itself (placement), that would change its return type, or that
+# only exist to reject an old spelling.
+_NOT_OPTIONS = ("mesh", "rules", "return_state", "block_size")
+# Old option names -> the shared name (rejected with a message naming the new one).
+RENAMED = {"block_size": "block_length"}
 
 
 def check_options(method: str, options: dict) -> None:
   """Raises ValueError naming unknown options and listing the valid ones."""
   valid = option_names(method)
+  for old, new in RENAMED.items():
+    if old in options and new in valid:
+      raise ValueError(f"option {old}={options[old]!r}: the option is called {new} (the same "
+                       f"name in every decoding method); pass {new} instead.")
   unknown = sorted(set(options) - set(valid))
   if unknown:
     raise ValueError(f"Unknown option(s) {unknown} for method {method!r}; valid options: "
@@ -129,20 +141,27 @@ def generate(params, cfg: ModelConfig, prompts, *, method: str = "llada", rng=No
     rng: PRNG key for sampling (default key 0).
     mesh: optional `jax.sharding.Mesh` (see parallel.mesh.make_mesh) to decode on.
     rules: logical-axis rules for the mesh (default parallel.mesh.DEFAULT_RULES).
-    **options: the method's options (e.g. gen_length, block_length, steps, threshold).
+    **options: the method's options (e.g. gen_length, block_length, steps, threshold;
+      `option_names(method)`), and on_nonfinite: "raise" (default: NonFiniteLogitsError
+      naming the rows whose logits were ever NaN/inf) or "flag" (return them with
+      `finite` False and `lengths` 0).
   """
   fn = resolve(method)
   check_options(method, options)
+  on_nonfinite = options.get("on_nonfinite", "raise")
+  base.check_on_nonfinite(on_nonfinite)
   tokens, valid = as_prompt_batch(cfg, prompts)
   rng = jax.random.key(0) if rng is None else rng
   if mesh is None:
     return fn(params, cfg, tokens, valid, rng, **options)
-  return _generate_on_mesh(fn, params, cfg, tokens, valid, rng, mesh,
-                           mesh_lib.rules_from_config(rules), options)
+  # The decoder flags; the error names rows of the caller's batch (padding rows dropped).
+  out = _generate_on_mesh(fn, params, cfg, tokens, valid, rng, mesh,
+                          mesh_lib.rules_from_config(rules), dict(options, on_nonfinite="flag"))
+  return base.raise_if_nonfinite(out, on_nonfinite)
 
 
 def _generate_on_mesh(fn, params, cfg, tokens, valid, rng, mesh, rules, options):
-  """Places params / batch on `mesh` and runs `fn` as one SPMD program."""
+  """Places the batch (and params not yet on the mesh) and runs `fn` as one SPMD program."""
   b = tokens.shape[0]
   dp = mesh_lib.data_parallel_size(mesh, rules)
   extra = -b % dp
@@ -151,8 +170,7 @@ def _generate_on_mesh(fn, params, cfg, tokens, valid, rng, mesh, rules, options)
     valid = np.concatenate([valid, np.repeat(valid[-1:], extra, 0)])
   if "mesh" in inspect.signature(fn).parameters:  # the decoder places its inputs itself
     return _take_rows(fn(params, cfg, tokens, valid, rng, mesh=mesh, rules=rules, **options), b)
-  shardings = mesh_lib.param_shardings(abstract_params(cfg), mesh, rules)
-  params = jax.device_put(params, shardings)
+  params = base.place_params(params, cfg, mesh, rules)
   batch = mesh_lib.batch_sharding(mesh, 2, rules)
   tokens, valid = jax.device_put(tokens, batch), jax.device_put(valid, batch)
   rng = jax.device_put(rng, mesh_lib.replicated(mesh))
@@ -162,5 +180,6 @@ def _generate_on_mesh(fn, params, cfg, tokens, valid, rng, mesh, rules, options)
 
 
 def _take_rows(out: base.DecodeOutput, b: int) -> base.DecodeOutput:
+  finite = None if out.finite is None else out.finite[:b]
   return out.replace(tokens=out.tokens[:b], lengths=out.lengths[:b],
-                     committed=out.committed[:b], done=out.done[:b])
+                     committed=out.committed[:b], done=out.done[:b], finite=finite)

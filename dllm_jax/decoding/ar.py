@@ -12,6 +12,9 @@ key per step and row (`fold_in`). The [MASK] id, when the config has one, is nev
 A row is done at its first stop token (EOS/EoT) or after G tokens; done rows emit `pad` and
 the loop exits when every row is done. Rows never interact, so stopping early changes nothing
 before a row's EOS. NFE = 1 (prefill) + decode steps.
+
+temperature, top_k and top_p are traced (`AROptions.split`): sweeping them never recompiles.
+A row whose logits are ever non-finite is flagged (`DecodeOutput.finite`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ Array = jnp.ndarray
 
 @dataclasses.dataclass(frozen=True)
 class AROptions:
-  """Static decoding options (hashable: a jit static argument).
+  """Decoding options; `split()` gives the static part (a jit argument) and the traced knobs.
 
   Attributes:
     gen_length: G, the most tokens generated per row.
@@ -43,21 +46,25 @@ class AROptions:
     top_p: nucleus mass to keep (1 = all).
     early_stop: exit the loop once every row has emitted a stop token.
   """
-  gen_length: int = 128
+  gen_length: int = base.GEN_LENGTH
   temperature: float = 0.0
   top_k: int = 0
   top_p: float = 1.0
   early_stop: bool = True
 
+  TRACED = {"temperature": 0.0, "top_k": 0, "top_p": 1.0}
+
   def __post_init__(self):
     if not isinstance(self.gen_length, (int, np.integer)) or self.gen_length <= 0:
       raise ValueError(f"gen_length must be a positive int, got {self.gen_length!r}.")
-    if self.temperature < 0:
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
-    if self.top_k < 0:
-      raise ValueError(f"top_k must be >= 0 (0 keeps all tokens), got {self.top_k}.")
-    if not 0.0 < self.top_p <= 1.0:
-      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+    base.check_number("temperature", self.temperature, low=0.0)
+    if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+      raise ValueError(f"top_k must be an int >= 0 (0 keeps all tokens), got {self.top_k!r}.")
+    base.check_number("top_p", self.top_p, low=0.0, low_open=True, high=1.0)
+
+  def split(self):
+    """(static options, {temperature, top_k, top_p} [] arrays)."""
+    return base.split_options(self, self.TRACED, {"top_k": np.int32})
 
 
 @flax.struct.dataclass
@@ -72,6 +79,8 @@ class ARState:
   committed: Array
   done: Array
   rng: Array
+  knobs: dict
+  finite: Array
 
 
 def _next_token_view(cfg: ModelConfig) -> ModelConfig:
@@ -80,12 +89,13 @@ def _next_token_view(cfg: ModelConfig) -> ModelConfig:
   return cfg.replace(shift_logits=False) if cfg.shift_logits else cfg
 
 
-def _choose(cfg: ModelConfig, opts: AROptions, logits: Array, rng: Array, step) -> Array:
+def _choose(cfg: ModelConfig, knobs: dict, logits: Array, rng: Array, step) -> Array:
   """[B, V] logits -> [B] tokens, with a per-row key for `step`."""
   logits = sampling.forbid(logits, (cfg.mask_token_id,))
   keys = sampling.row_keys(rng, step, logits.shape[0])
   return jax.vmap(lambda lg, k: sampling.sample(
-      lg, k, temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p))(logits, keys)
+      lg, k, temperature=knobs["temperature"], top_k=knobs["top_k"], top_p=knobs["top_p"]))(
+          logits, keys)
 
 
 def _is_stop(cfg: ModelConfig, tokens: Array) -> Array:
@@ -95,8 +105,12 @@ def _is_stop(cfg: ModelConfig, tokens: Array) -> Array:
   return stop
 
 
-def prefill(params, cfg: ModelConfig, opts: AROptions, tokens, valid, rng) -> ARState:
-  """Runs the prompt through the model (filling the cache) and samples the first token."""
+def prefill(params, cfg: ModelConfig, opts: AROptions, tokens, valid, rng,
+            knobs: dict | None = None) -> ARState:
+  """Runs the prompt through the model (filling the cache) and samples the first token.
+
+  `knobs` are the traced options (default: `opts.split()[1]`)."""
+  knobs = opts.split()[1] if knobs is None else knobs
   b, p = tokens.shape
   g = opts.gen_length
   positions = masks.left_pad_positions(valid)
@@ -104,12 +118,12 @@ def prefill(params, cfg: ModelConfig, opts: AROptions, tokens, valid, rng) -> AR
   logits, cache = Transformer(_next_token_view(cfg)).apply(
       {"params": params}, tokens, block_ids=masks.causal_ids(positions), positions=positions,
       valid=valid, cache=cache, write_len=p)
-  first = _choose(cfg, opts, logits[:, -1], rng, 0)
+  first = _choose(cfg, knobs, logits[:, -1], rng, 0)
   response = jnp.full((b, g), base.output_pad_id(cfg), jnp.int32).at[:, 0].set(first)
   return ARState(response=response, cache=cache, last=first, next_pos=positions[:, -1] + 1,
                  step=jnp.ones((), jnp.int32), nfe=jnp.ones((), jnp.int32),
                  committed=jnp.ones((b,), jnp.int32), done=_is_stop(cfg, first) | (g == 1),
-                 rng=rng)
+                 rng=rng, knobs=knobs, finite=sampling.all_finite(logits[:, -1]))
 
 
 def step(params, cfg: ModelConfig, opts: AROptions, state: ARState) -> ARState:
@@ -118,13 +132,14 @@ def step(params, cfg: ModelConfig, opts: AROptions, state: ARState) -> ARState:
   logits, cache = Transformer(_next_token_view(cfg)).apply(
       {"params": params}, state.last[:, None], block_ids=masks.causal_ids(pos), positions=pos,
       cache=state.cache, write_len=1)
-  token = _choose(cfg, opts, logits[:, 0], state.rng, state.step)
+  token = _choose(cfg, state.knobs, logits[:, 0], state.rng, state.step)
   token = jnp.where(state.done, base.output_pad_id(cfg), token)
   response = jax.lax.dynamic_update_slice(state.response, token[:, None], (0, state.step))
   done = state.done | _is_stop(cfg, token) | (state.step + 1 >= opts.gen_length)
   return state.replace(response=response, cache=cache, last=token, next_pos=state.next_pos + 1,
                        step=state.step + 1, nfe=state.nfe + 1,
-                       committed=state.committed + (~state.done).astype(jnp.int32), done=done)
+                       committed=state.committed + (~state.done).astype(jnp.int32), done=done,
+                       finite=state.finite & (sampling.all_finite(logits) | state.done))
 
 
 def running(opts: AROptions, state: ARState) -> Array:
@@ -140,29 +155,40 @@ def response_view(cfg: ModelConfig, opts: AROptions, state: ARState) -> tuple[Ar
 
 def finish(cfg: ModelConfig, opts: AROptions, state: ARState) -> base.DecodeOutput:
   response, decided = response_view(cfg, opts, state)
-  tokens, lengths, _ = base.finalize(response, decided, base.stop_ids(cfg),
-                                     base.output_pad_id(cfg))
-  return base.DecodeOutput(tokens=tokens, lengths=lengths, nfe=state.nfe, steps=state.step,
-                           committed=state.committed, done=state.done)
+  pad = base.output_pad_id(cfg)
+  tokens, lengths, _ = base.finalize(response, decided, base.stop_ids(cfg), pad)
+  return base.decode_output(tokens, lengths, state.nfe, state.step, state.committed,
+                            state.done, state.finite, pad)
 
 
 init_state = prefill  # the uniform decoder interface (see streaming.py)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "opts"))
-def _generate(params, tokens, valid, rng, *, cfg, opts):
-  state = prefill(params, cfg, opts, tokens, valid, rng)
+def _generate(params, tokens, valid, rng, knobs, *, cfg, opts):
+  state = prefill(params, cfg, opts, tokens, valid, rng, knobs)
   state = jax.lax.while_loop(functools.partial(running, opts),
                              functools.partial(step, params, cfg, opts), state)
   return finish(cfg, opts, state)
 
 
-jit_init_state = jax.jit(prefill, static_argnums=(1, 2))
-jit_step = jax.jit(step, static_argnums=(1, 2), donate_argnums=(3,))
+_jit_init = jax.jit(prefill, static_argnums=(1, 2))
+_jit_step = jax.jit(step, static_argnums=(1, 2), donate_argnums=(3,))
 
 
-def ar_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None,
-                **options) -> base.DecodeOutput:
+def jit_init_state(params, cfg: ModelConfig, opts: AROptions, tokens, valid, rng) -> ARState:
+  """Jitted `prefill`; compiled once per static part of `opts` (the knobs ride in the state)."""
+  static, knobs = opts.split()
+  return _jit_init(params, cfg, static, tokens, valid, rng, knobs)
+
+
+def jit_step(params, cfg: ModelConfig, opts: AROptions, state: ARState) -> ARState:
+  """Jitted `step` with the state donated; reads the traced options from `state.knobs`."""
+  return _jit_step(params, cfg, opts.split()[0], state)
+
+
+def ar_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
+                on_nonfinite: str = "raise", **options) -> base.DecodeOutput:
   """Cached autoregressive decoding of a left-padded prompt batch (one jitted while_loop).
 
   Args:
@@ -170,10 +196,20 @@ def ar_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=
     cfg: the model config.
     prompt_tokens: [B, P] int left-padded prompts; prompt_valid: [B, P] bool (None: all real).
     rng: PRNG key for sampling (default key 0).
+    on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
+      "flag" (return them with `finite` False, lengths 0).
     **options: fields of `AROptions` (unknown names raise ValueError).
   """
+  base.check_on_nonfinite(on_nonfinite)
   opts = base.make_options(AROptions, options)
-  base.check_prompts(cfg, prompt_tokens, prompt_valid, opts.gen_length, needs_mask=False)
+  check(cfg, prompt_tokens, prompt_valid, opts)
   rng = jax.random.key(0) if rng is None else rng
   tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
-  return _generate(params, tokens, valid, rng, cfg=cfg, opts=opts)
+  static, knobs = opts.split()
+  out = _generate(params, tokens, valid, rng, knobs, cfg=cfg, opts=static)
+  return base.raise_if_nonfinite(out, on_nonfinite)
+
+
+def check(cfg: ModelConfig, tokens, valid, opts: AROptions) -> None:
+  """Validates a prompt batch against the options (before anything is compiled)."""
+  base.check_prompts(cfg, tokens, valid, opts.gen_length, needs_mask=False)

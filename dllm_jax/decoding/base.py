@@ -1,4 +1,5 @@
-"""What every decoder shares: left-padded prompt batches, input checks, and the output record.
+"""What every decoder shares: left-padded prompt batches, input and option checks, the window
+check, the output record, non-finite-logit handling and parameter placement.
 
 Shape legend: B batch, P padded prompt length, G generation length (response slots).
 
@@ -10,6 +11,7 @@ That makes a batched decode give each row exactly its one-prompt result.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import flax.struct
@@ -21,6 +23,28 @@ from dllm_jax.models import masks
 from dllm_jax.models.config import ModelConfig
 
 Array = jnp.ndarray
+
+# Defaults shared by every method (see the package docstring for the whole vocabulary).
+GEN_LENGTH = 128
+BLOCK_LENGTH = 32          # capped at gen_length: a shorter response is one block
+ON_NONFINITE = ("raise", "flag")
+
+
+class NonFiniteLogitsError(FloatingPointError):
+  """A forward produced NaN/inf logits for some rows, so their tokens mean nothing.
+
+  Attributes:
+    rows: the batch rows whose logits were non-finite.
+    output: the flagged `DecodeOutput` (those rows have `finite` False, `lengths` 0).
+  """
+
+  def __init__(self, rows, output=None):
+    self.rows, self.output = [int(r) for r in rows], output
+    super().__init__(
+        f"the model produced non-finite (NaN/inf) logits for batch row(s) {self.rows}, so "
+        "their tokens are meaningless. Check the weights (dllm_jax.models.finite names a "
+        "NaN/inf tensor) and the dtype; pass on_nonfinite='flag' to get the output with those "
+        "rows flagged (finite False, lengths 0) instead of this error.")
 
 
 @flax.struct.dataclass
@@ -35,6 +59,9 @@ class DecodeOutput:
     steps: [] loop iterations.
     committed: [B] tokens each row committed (decided) during the loop.
     done: [B] the row finished (EOS reached or all G slots decided).
+    finite: [B] bool, every forward gave the row finite logits. A False row's tokens are
+      all pad and its length 0 (`generate` raises NonFiniteLogitsError unless
+      on_nonfinite="flag").
   """
   tokens: Array
   lengths: Array
@@ -42,6 +69,7 @@ class DecodeOutput:
   steps: Array
   committed: Array
   done: Array
+  finite: Array | None = None
 
   @property
   def tokens_per_step(self) -> Array:
@@ -87,8 +115,27 @@ def prompt_inputs(tokens, valid):
   return as_input(tokens, np.int32), as_input(valid, np.bool_)
 
 
+def check_window(cfg: ModelConfig, prompt_len: int, gen_length: int,
+                 block_length: int = 1) -> None:
+  """The one window check every method runs: prompt + gen_length <= max_seq_len.
+
+  The message names the largest gen_length that fits (a multiple of block_length).
+  """
+  if not isinstance(gen_length, (int, np.integer)) or gen_length <= 0:
+    raise ValueError(f"gen_length must be a positive int, got {gen_length!r}.")
+  total = prompt_len + gen_length
+  if total > cfg.max_seq_len:
+    room = (cfg.max_seq_len - prompt_len) // block_length * block_length
+    fix = (f"pass gen_length={room} or less" + (
+        f" (a multiple of block_length={block_length})" if block_length > 1 else "")
+           if room > 0 else "shorten the prompt")
+    raise ValueError(
+        f"prompt ({prompt_len}) + gen_length ({gen_length}) = {total} exceeds the model "
+        f"window max_seq_len={cfg.max_seq_len} of {cfg.name!r}; {fix}.")
+
+
 def check_prompts(cfg: ModelConfig, tokens, valid, gen_length: int, *,
-                  needs_mask: bool = True) -> None:
+                  needs_mask: bool = True, block_length: int = 1) -> None:
   """Checks a prompt batch before anything is compiled; raises ValueError naming the fix."""
   tokens = np.asarray(tokens)
   if tokens.ndim != 2:
@@ -104,13 +151,7 @@ def check_prompts(cfg: ModelConfig, tokens, valid, gen_length: int, *,
                        "use dllm_jax.decoding.pad_prompts.")
     if not np.all(valid[:, -1]):
       raise ValueError("a prompt row is empty; every prompt needs at least one token.")
-  if gen_length <= 0:
-    raise ValueError(f"gen_length must be positive, got {gen_length}.")
-  total = tokens.shape[1] + gen_length
-  if total > cfg.max_seq_len:
-    raise ValueError(
-        f"prompt ({tokens.shape[1]}) + gen_length ({gen_length}) = {total} exceeds the model "
-        f"window max_seq_len={cfg.max_seq_len}; shorten the prompt or gen_length.")
+  check_window(cfg, tokens.shape[1], gen_length, block_length)
   if np.any((tokens < 0) | (tokens >= cfg.vocab_size)):
     raise ValueError(f"prompt holds token ids outside the vocabulary [0, {cfg.vocab_size}).")
   if needs_mask:
@@ -185,6 +226,77 @@ def output_pad_id(cfg: ModelConfig) -> int:
     if i is not None:
       return i
   return 0
+
+
+def check_number(name: str, value, *, low: float | None = None, low_open: bool = False,
+                 high: float | None = None, allow_inf: bool = False) -> None:
+  """Raises a ValueError naming `name` unless `value` is a real number in range.
+
+  NaN is always rejected, inf unless `allow_inf` (e.g. a threshold above every probability).
+  """
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                   np.floating)):
+    raise ValueError(f"{name} must be a number, got {value!r}.")
+  if math.isnan(value) or (math.isinf(value) and not allow_inf):
+    raise ValueError(f"{name}={value} is not a finite number; pass a finite {name}.")
+  if low is not None and (value < low or (low_open and value == low)):
+    raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}.")
+  if high is not None and value > high:
+    raise ValueError(f"{name} must be <= {high}, got {value}.")
+
+
+def resolve_block_length(block_length, gen_length: int) -> int:
+  """block_length, or the shared default: BLOCK_LENGTH capped at gen_length."""
+  if block_length is None:
+    return min(BLOCK_LENGTH, gen_length) if isinstance(gen_length, (int, np.integer)) else \
+        BLOCK_LENGTH
+  if isinstance(block_length, (bool, np.bool_)) or not isinstance(
+      block_length, (int, np.integer)) or block_length <= 0:
+    raise ValueError(f"block_length must be a positive int, got {block_length!r}.")
+  return int(block_length)
+
+
+def check_on_nonfinite(on_nonfinite: str) -> None:
+  if on_nonfinite not in ON_NONFINITE:
+    raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {on_nonfinite!r}.")
+
+
+def decode_output(tokens, lengths, nfe, steps, committed, done, finite, pad_id: int):
+  """The `DecodeOutput` of a finished loop; rows with non-finite logits are all pad, length 0."""
+  return DecodeOutput(tokens=jnp.where(finite[:, None], tokens, pad_id),
+                      lengths=jnp.where(finite, lengths, 0), nfe=nfe, steps=steps,
+                      committed=committed, done=done, finite=finite)
+
+
+def raise_if_nonfinite(out: DecodeOutput, on_nonfinite: str = "raise") -> DecodeOutput:
+  """Raises NonFiniteLogitsError naming the flagged rows (on_nonfinite="raise")."""
+  if on_nonfinite == "raise" and out.finite is not None:
+    finite = np.asarray(out.finite)
+    if not finite.all():
+      raise NonFiniteLogitsError(np.flatnonzero(~finite), out)
+  return out
+
+
+def split_options(opts, canonical: dict, dtypes: dict):
+  """(static options, knobs): the options with every traced field set to its `canonical`
+  value (so all sweeps share one hash: one compile) and a dict of [] arrays holding the real
+  values, which the decoder reads inside the loop."""
+  knobs = {k: np.asarray(getattr(opts, k), dtypes.get(k, np.float32)) for k in canonical}
+  return dataclasses.replace(opts, **canonical), knobs
+
+
+def place_params(params, cfg: ModelConfig, mesh, rules):
+  """Params on `mesh`: arrays already on exactly the mesh's devices stay where they are
+  (whatever their layout; jit reshards inside the program if needed); anything else (host
+  arrays, a single device) is placed by `parallel.mesh.param_shardings`."""
+  devices = set(mesh.devices.flat)
+  leaves = jax.tree_util.tree_leaves(params)
+  if leaves and all(isinstance(x, jax.Array) and x.sharding.device_set == devices
+                    for x in leaves):
+    return params
+  from dllm_jax.models.transformer import abstract_params  # model import on the slow path only
+  from dllm_jax.parallel import mesh as mesh_lib
+  return jax.device_put(params, mesh_lib.param_shardings(abstract_params(cfg), mesh, rules))
 
 
 def make_options(cls, options: dict):

@@ -40,16 +40,21 @@ first stop token has only decided tokens before it (its output can no longer cha
 per-row forward counts are `D2FState.forwards`.
 
 Settings split into a static `D2FSpec` (shapes, rules: a jit static argument) and traced
-`Thresholds` (tau_add, tau_act, tau_conf): sweeping the thresholds never recompiles.
+`Thresholds` (tau_add, tau_act, tau_conf, temperature): sweeping them never recompiles.
+A row whose window logits (its valid slots) are ever non-finite is flagged
+(`DecodeOutput.finite`).
 Batched rows give exactly their one-prompt results (left padding; rows never interact)
 for the deterministic rules (temperature 0, confidence ranking other than "random").
 
 API: `d2f_generate`, `block_diffusion_generate` (the one-block, fixed-schedule special
-case); for step-level control `make_spec`, `init_state`, `step`, `output`.
+case); for step-level control `make_spec`, `init_state`, `step`, `output`, and the step
+interface every decoder module shares (`jit_init_state`, `jit_step`, `running`,
+`response_view`, `finish` on a `D2FOptions`), which streaming drives.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -66,26 +71,30 @@ from dllm_jax.models import kv_cache as kvc
 from dllm_jax.models import masks
 from dllm_jax.models import transformer as model_lib
 from dllm_jax.models.config import ModelConfig
-from dllm_jax.models.transformer import Transformer, abstract_params
+from dllm_jax.models.transformer import Transformer
 from dllm_jax.parallel import mesh as mesh_lib
 
 Array = jnp.ndarray
 
 
-def make_spec(cfg: ModelConfig, *, gen_length: int, block_size: int,
-              max_active_blocks: int | None = None, tau_add: float = 0.1,
-              tau_act: float = 0.95, tau_conf: float = 0.9, rule: str = "threshold",
-              steps_per_block: int = 0, temperature: float = 0.0,
-              remasking: str = "probability", use_cache: bool = True,
-              window: str = "fitted"):
+def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
+              block_length: int | None = None, max_active_blocks: int | None = None,
+              tau_add: float = 0.1, tau_act: float = 0.95, tau_conf: float = 0.9,
+              rule: str = "threshold", steps_per_block: int | None = None,
+              temperature: float = 0.0, remasking: str = "probability",
+              use_cache: bool = True, window: str = "fitted", block_size=None):
   """Checks the decode settings (ValueError naming the fix).
 
   Returns (D2FSpec, the static part: a jit argument; Thresholds, the traced part).
   """
-  if not isinstance(block_size, (int, np.integer)) or block_size <= 0:
-    raise ValueError(f"block_size must be a positive int, got {block_size!r}.")
-  if gen_length <= 0 or gen_length % block_size:
-    raise ValueError(f"gen_length ({gen_length}) must be a positive multiple of block_size "
+  if block_size is not None:
+    raise ValueError(f"block_size={block_size!r}: the option is called block_length (the "
+                     "same name in every decoding method); pass block_length instead.")
+  if not isinstance(gen_length, (int, np.integer)) or gen_length <= 0:
+    raise ValueError(f"gen_length must be a positive int, got {gen_length!r}.")
+  block_size = base.resolve_block_length(block_length, gen_length)
+  if gen_length % block_size:
+    raise ValueError(f"gen_length ({gen_length}) must be a positive multiple of block_length "
                      f"({block_size}); round it up to "
                      f"{max(1, math.ceil(gen_length / block_size)) * block_size}.")
   n = gen_length // block_size
@@ -94,17 +103,21 @@ def make_spec(cfg: ModelConfig, *, gen_length: int, block_size: int,
     raise ValueError(f"max_active_blocks={max_active_blocks!r} must be an int in [1, {n}] "
                      f"(the response has {n} blocks); pass None for no bound.")
   for name, tau in (("tau_add", tau_add), ("tau_act", tau_act)):
+    base.check_number(name, tau)
     if not 0.0 <= tau <= 1.0:
       raise ValueError(f"{name}={tau} is a fraction of a block and must lie in [0, 1].")
+  base.check_number("tau_conf", tau_conf, allow_inf=True)
   if not tau_conf >= 0.0:
     raise ValueError(f"tau_conf={tau_conf} must be >= 0 (above 1: only the top-1 rule).")
   if rule not in ds.COMMIT_RULES:
     raise ValueError(f"Unknown commit rule {rule!r}; use one of {ds.COMMIT_RULES}.")
-  if rule == "count" and not 1 <= steps_per_block <= block_size:
-    raise ValueError(f"steps_per_block={steps_per_block} must lie in [1, block_size="
-                     f"{block_size}]: each step commits at least one token.")
-  if not temperature >= 0.0:
-    raise ValueError(f"temperature must be >= 0, got {temperature}.")
+  if rule == "count":
+    steps_per_block = block_size if steps_per_block is None else steps_per_block
+    if not isinstance(steps_per_block, (int, np.integer)) or not \
+        1 <= steps_per_block <= block_size:
+      raise ValueError(f"steps_per_block={steps_per_block} must lie in [1, block_length="
+                       f"{block_size}]: each step commits at least one token.")
+  base.check_number("temperature", temperature, low=0.0)
   if remasking not in sampling.CONFIDENCE_KINDS:
     raise ValueError(f"Unknown remasking {remasking!r}; use one of "
                      f"{sampling.CONFIDENCE_KINDS}.")
@@ -117,19 +130,19 @@ def make_spec(cfg: ModelConfig, *, gen_length: int, block_size: int,
   spec = D2FSpec(
       block_size=int(block_size), num_blocks=n, max_active=int(active), rule=rule,
       steps_per_block=int(steps_per_block) if rule == "count" else 0,
-      temperature=float(temperature), remasking=remasking, use_cache=bool(use_cache),
+      remasking=remasking, use_cache=bool(use_cache),
       mask_id=cfg.mask_token_id, stop_ids=base.stop_ids(cfg), pad_id=pad, window=window)
-  return spec, ds.Thresholds.create(block_size, tau_add, tau_act, tau_conf)
+  return spec, ds.Thresholds.create(block_size, tau_add, tau_act, tau_conf, temperature)
 
 
 # ----------------------------------------------------------------------------- model calls
 
-def _proposals(logits: Array, spec: D2FSpec, rng: Array):
+def _proposals(logits: Array, spec: D2FSpec, limits: ds.Thresholds, rng: Array):
   """[B, T, V] logits -> proposed tokens, their probability, their ranking score [B, T]."""
   logits = sampling.forbid(logits, [spec.mask_id])
   pick_rng, rank_rng = jax.random.split(rng)
-  x0 = sampling.gumbel_argmax(logits, spec.temperature, pick_rng)
-  scaled = logits if spec.temperature == 0.0 else logits / spec.temperature
+  x0 = sampling.gumbel_argmax(logits, limits.temperature, pick_rng)
+  scaled = sampling.scale(logits, limits.temperature)
   prob = sampling.confidence(scaled, x0, "probability")
   score = prob if spec.remasking == "probability" else sampling.confidence(
       scaled, x0, spec.remasking, rank_rng)
@@ -172,14 +185,16 @@ def _window_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, block
                            write_len=write_len)
   offset = jnp.arange(g, dtype=jnp.int32)[None] - start[:, None]           # [B, G]
 
-  def proposals(logits, first_slot, out_width):
-    """Proposals of window slots [first_slot, first_slot + out_width) per row -> [B, G]."""
-    x0, prob, score = _proposals(logits, spec, rng)
+  def proposals(logits, first_slot, out_width, out_valid):
+    """Proposals of window slots [first_slot, first_slot + out_width) per row -> [B, G],
+    and [B] whether those logits (where `out_valid`) were all finite."""
+    finite = sampling.all_finite(logits, out_valid)
+    x0, prob, score = _proposals(logits, spec, state.limits, rng)
     rel = offset - first_slot[:, None]
     inside = (rel >= 0) & (rel < out_width)
     back = lambda a: jnp.take_along_axis(a, jnp.clip(rel, 0, out_width - 1), axis=1)
     return (back(x0), jnp.where(inside, back(prob), 0.0),
-            jnp.where(inside, back(score), sampling.NEG_INF))
+            jnp.where(inside, back(score), sampling.NEG_INF), finite)
 
   last = state.last_logits
   if cfg.shift_logits:  # slot j is predicted by the output at j - 1 (before the window: cached)
@@ -189,23 +204,24 @@ def _window_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, block
     before = logits[:, head - 1] if with_prompt else state.last_logits
     logits = jnp.concatenate([before[:, None], logits[:, head:-1]], axis=1)
     last = jnp.where((write_len > 0)[:, None], last_written, state.last_logits)
-    return proposals(logits, jnp.zeros_like(start), width), cache, last
+    return proposals(logits, jnp.zeros_like(start), width, valid[:, head:]), cache, last
   # Slots forwarded only to be written (the prompt, final blocks [cached, ready)) need
   # their K/V, not the LM head: project only the slots that can still commit.
   hidden, cache = call(head=False)
   zero = jnp.zeros_like(start)
   if with_prompt or blocks == 1:
     logits = model_lib.project(params, cfg, hidden[:, head:])
-    return proposals(logits, zero, width), cache, last
+    return proposals(logits, zero, width, valid[:, head:]), cache, last
   lead = jnp.where(live, state.ready - state.cached, 0)  # write-only blocks per row
   narrow = (blocks - 1) * k
 
   def skip_one_block():  # every live row writes >= 1 block: <= blocks - 1 can commit
     first = lead * k
     at = jnp.minimum(first[:, None] + jnp.arange(narrow, dtype=jnp.int32)[None], width - 1)
-    return proposals(model_lib.project(params, cfg, hidden, at), first, narrow)
+    return proposals(model_lib.project(params, cfg, hidden, at), first, narrow,
+                     jnp.take_along_axis(valid, at, axis=1))
 
-  everything = lambda: proposals(model_lib.project(params, cfg, hidden), zero, width)
+  everything = lambda: proposals(model_lib.project(params, cfg, hidden), zero, width, valid)
   return jax.lax.cond(jnp.all((lead >= 1) | ~live), skip_one_block, everything), cache, last
 
 
@@ -221,8 +237,9 @@ def _canvas_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, rng: 
                                prompt_len[:, None] + slot[None]], axis=1)
   ids = jnp.concatenate([jnp.zeros(state.prompt.shape[1], jnp.int32), 1 + slot // k])
   logits = Transformer(cfg).apply({"params": params}, tokens, block_ids=ids,
-                                  positions=positions, valid=valid)
-  return _proposals(logits[:, state.prompt.shape[1]:], spec, rng)
+                                  positions=positions, valid=valid)[:, state.prompt.shape[1]:]
+  return _proposals(logits, spec, state.limits, rng) + (
+      sampling.all_finite(logits, answer_valid),)
 
 
 # ----------------------------------------------------------------------------- sharding
@@ -238,7 +255,7 @@ def _constrain(state: D2FState, mesh, rules) -> D2FState:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
   rows = ("prompt", "prompt_valid", "response", "decided", "n_blocks", "cached", "ready",
-          "block_steps", "eos_seen", "done", "forwards")
+          "block_steps", "eos_seen", "done", "forwards", "finite")
   state = state.replace(**{f: by_batch(getattr(state, f)) for f in rows})
   if state.last_logits is not None:
     state = state.replace(last_logits=by_batch(state.last_logits))
@@ -271,8 +288,8 @@ def _init(params, prompt, valid, rng, limits, *, cfg: ModelConfig, spec: D2FSpec
       decided=jnp.zeros((b, g), bool), n_blocks=zeros, cached=zeros, ready=zeros,
       block_steps=jnp.zeros((b, n), jnp.int32), eos_seen=jnp.zeros((b,), bool),
       done=jnp.zeros((b,), bool), forwards=zeros, steps=jnp.zeros((), jnp.int32),
-      forward_slots=jnp.zeros((), jnp.int32), rng=rng,
-      limits=limits, cache=cache, last_logits=last)
+      forward_slots=jnp.zeros((), jnp.int32), rng=rng, limits=limits,
+      finite=jnp.ones((b,), bool), cache=cache, last_logits=last)
   state = _constrain(ds.admit(spec, state), mesh, rules)
   return _step(params, state, cfg=cfg, spec=spec, mesh=mesh, rules=rules, first=True)
 
@@ -288,46 +305,51 @@ def _step(params, state: D2FState, *, cfg: ModelConfig, spec: D2FSpec, mesh=None
   cache, last = state.cache, state.last_logits
   k = spec.block_size
   if not spec.use_cache:
-    x0, prob, score = _canvas_step(params, cfg, spec, state, rng)
+    x0, prob, score, finite = _canvas_step(params, cfg, spec, state, rng)
     width = state.prompt.shape[1] + spec.gen_length
   elif first:
-    (x0, prob, score), cache, last = _window_step(params, cfg, spec, state, 1, rng,
-                                                  with_prompt=True)
+    (x0, prob, score, finite), cache, last = _window_step(params, cfg, spec, state, 1, rng,
+                                                          with_prompt=True)
     width = state.prompt.shape[1] + k
   else:
     windows = spec.window_blocks
     run = lambda blocks, s: _window_step(params, cfg, spec, s, blocks, rng)
     if len(windows) == 1:
-      (x0, prob, score), cache, last = run(windows[0], state)
+      (x0, prob, score, finite), cache, last = run(windows[0], state)
       width = windows[0] * k
     else:  # the smallest window that holds every live row's uncached blocks
       span = jnp.max(jnp.where(state.done, 0, state.n_blocks - state.cached))
       index = jnp.minimum(jnp.searchsorted(jnp.asarray(windows, jnp.int32), span),
                           len(windows) - 1)
-      (x0, prob, score), cache, last = jax.lax.switch(
+      (x0, prob, score, finite), cache, last = jax.lax.switch(
           index, [functools.partial(run, w) for w in windows], state)
       width = jnp.asarray(windows, jnp.int32)[index] * k
   commit = ds.commit_mask(spec, state, prob, score)
+  finite = state.finite & (finite | state.done)
   state = ds.apply_commits(spec, state, commit, x0).replace(
-      cache=cache, last_logits=last, forward_slots=state.forward_slots + width)
+      cache=cache, last_logits=last, finite=finite,
+      forward_slots=state.forward_slots + width)
   return _constrain(ds.admit(spec, state), mesh, rules)
+
+
+def _keep_going(spec: D2FSpec, state: D2FState) -> Array:
+  # Every live row commits at least one token per step, so G steps always suffice.
+  return (state.steps < spec.gen_length) & ~jnp.all(state.done)
 
 
 def _run(params, state: D2FState, *, cfg: ModelConfig, spec: D2FSpec, mesh=None,
          rules=mesh_lib.DEFAULT_RULES) -> D2FState:
-  # Every live row commits at least one token per step, so G steps always suffice.
-  keep_going = lambda s: (s.steps < spec.gen_length) & ~jnp.all(s.done)
   body = functools.partial(_step, params, cfg=cfg, spec=spec, mesh=mesh, rules=rules)
-  return jax.lax.while_loop(keep_going, body, state)
+  return jax.lax.while_loop(functools.partial(_keep_going, spec), body, state)
 
 
 def output(spec: D2FSpec, state: D2FState) -> base.DecodeOutput:
   """The decode record: tokens cut at the first stop, lengths, NFE (= steps)."""
   tokens, lengths, _ = base.finalize(state.response, state.decided, spec.stop_ids,
                                      spec.pad_id)
-  return base.DecodeOutput(
-      tokens=tokens, lengths=lengths, nfe=state.steps,
-      steps=state.steps, committed=state.decided.sum(1, dtype=jnp.int32), done=state.done)
+  return base.decode_output(tokens, lengths, state.steps, state.steps,
+                            state.decided.sum(1, dtype=jnp.int32), state.done, state.finite,
+                            spec.pad_id)
 
 
 def _decode(params, prompt, valid, rng, limits, *, cfg, spec, mesh=None,
@@ -343,14 +365,76 @@ step = jax.jit(_step, static_argnames=_STATIC, donate_argnames=("state",))
 decode = jax.jit(_decode, static_argnames=_STATIC)
 
 
+# ----------------------------------------------------------------------------- step interface
+
+@dataclasses.dataclass(frozen=True)
+class D2FOptions:
+  """A checked decode: the static `spec` (jit argument) and the traced `limits`."""
+  spec: D2FSpec
+  limits: ds.Thresholds
+
+  @property
+  def gen_length(self) -> int:
+    return self.spec.gen_length
+
+
+def d2f_options(cfg: ModelConfig, **options) -> D2FOptions:
+  """`d2f_generate`'s decode options, checked (ValueError naming the fix)."""
+  return D2FOptions(*make_spec(cfg, **options))
+
+
+def block_diffusion_options(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
+                            block_length: int | None = None, steps_per_block=None,
+                            temperature: float = 0.0, remasking: str = "probability",
+                            use_cache: bool = True, block_size=None) -> D2FOptions:
+  """`block_diffusion_generate`'s decode options: D2F with one block in flight, no
+  threshold (tau_conf = inf) and the count rule."""
+  return D2FOptions(*make_spec(
+      cfg, gen_length=gen_length, block_length=block_length, block_size=block_size,
+      max_active_blocks=1, tau_add=1.0, tau_act=1.0, tau_conf=math.inf, rule="count",
+      steps_per_block=steps_per_block, temperature=temperature, remasking=remasking,
+      use_cache=use_cache))
+
+
+def check(cfg: ModelConfig, tokens, valid, opts: D2FOptions) -> None:
+  """Validates a prompt batch against the options (before anything is compiled)."""
+  base.check_prompts(cfg, tokens, valid, opts.spec.gen_length,
+                     block_length=opts.spec.block_size)
+
+
+def jit_init_state(params, cfg: ModelConfig, opts: D2FOptions, tokens, valid, rng):
+  """The state after the first forward (prompt + block 0), jitted on one device."""
+  tokens, valid = base.prompt_inputs(tokens, valid)
+  return init_state(params, tokens, valid, rng, opts.limits, cfg=cfg, spec=opts.spec)
+
+
+def jit_step(params, cfg: ModelConfig, opts: D2FOptions, state: D2FState) -> D2FState:
+  """One jitted loop step, the state donated."""
+  return step(params, state, cfg=cfg, spec=opts.spec)
+
+
+def running(opts: D2FOptions, state: D2FState) -> Array:
+  return _keep_going(opts.spec, state)
+
+
+def response_view(cfg: ModelConfig, opts: D2FOptions, state: D2FState):
+  """([B, G] response, [B, G] bool decided)."""
+  return state.response, state.decided
+
+
+def finish(cfg: ModelConfig, opts: D2FOptions, state: D2FState) -> base.DecodeOutput:
+  return output(opts.spec, state)
+
+
 # ----------------------------------------------------------------------------- public API
 
 def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
-                 gen_length: int, block_size: int = 32, tau_add: float = 0.1,
-                 tau_act: float = 0.95, tau_conf: float = 0.9,
+                 gen_length: int = base.GEN_LENGTH, block_length: int | None = None,
+                 tau_add: float = 0.1, tau_act: float = 0.95, tau_conf: float = 0.9,
                  max_active_blocks: int | None = None, temperature: float = 0.0,
                  remasking: str = "probability", use_cache: bool = True,
-                 window: str = "fitted", mesh=None, rules=None, return_state: bool = False):
+                 window: str = "fitted", on_nonfinite: str = "raise", mesh=None, rules=None,
+                 return_state: bool = False, block_size=None):
   """D2F pipelined parallel decoding of a left-padded prompt batch.
 
   Args:
@@ -358,68 +442,88 @@ def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng
     prompt_tokens, prompt_valid: [B, P] left-padded prompts (`base.pad_prompts`); valid
       None means no padding.
     rng: PRNG key (used when temperature > 0 or remasking="random").
-    gen_length: G response slots, a multiple of block_size.
-    block_size: k. tau_add, tau_act: decoded fractions that append / fully activate a
-      block. tau_conf: commit threshold on the token probability.
+    gen_length: G response slots, a multiple of block_length.
+    block_length: k (default 32, capped at G). tau_add, tau_act: decoded fractions that
+      append / fully activate a block. tau_conf: commit threshold on the token probability.
     max_active_blocks: bound on blocks in flight (None: no bound, like the reference).
     temperature, remasking: token sampling and the ranking of the top-1 fallback.
     use_cache: False recomputes the whole block-causal canvas every step (same tokens).
     window: "fitted" (default) forwards each step only the blocks still in flight, from a
       bucketed set of widths; "full" the widest window the settings allow (same tokens;
       kept for side-by-side benchmarks).
+    on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
+      "flag" (return them with `finite` False, lengths 0).
     mesh, rules: decode data-parallel over the batch and tensor-parallel over the params
       on a `parallel.mesh` mesh (same tokens as one device).
     return_state: also return the final `D2FState` (without its cache): per-row
       `forwards`, `block_steps`, cursors.
+    block_size: the old name of block_length; passing it raises a ValueError saying so.
   Returns:
     base.DecodeOutput (and the state when return_state).
   """
   spec, limits = make_spec(
-      cfg, gen_length=gen_length, block_size=block_size, max_active_blocks=max_active_blocks,
-      tau_add=tau_add, tau_act=tau_act, tau_conf=tau_conf, temperature=temperature,
-      remasking=remasking, use_cache=use_cache, window=window)
+      cfg, gen_length=gen_length, block_length=block_length, block_size=block_size,
+      max_active_blocks=max_active_blocks, tau_add=tau_add, tau_act=tau_act,
+      tau_conf=tau_conf, temperature=temperature, remasking=remasking, use_cache=use_cache,
+      window=window)
   return _generate(params, cfg, spec, limits, prompt_tokens, prompt_valid, rng, mesh, rules,
-                   return_state)
+                   return_state, on_nonfinite)
 
 
 def block_diffusion_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None,
-                             rng=None, *, gen_length: int, block_size: int,
-                             steps_per_block: int, temperature: float = 0.0,
+                             rng=None, *, gen_length: int = base.GEN_LENGTH,
+                             block_length: int | None = None,
+                             steps_per_block: int | None = None, temperature: float = 0.0,
                              remasking: str = "probability", use_cache: bool = True,
-                             mesh=None, rules=None, return_state: bool = False):
+                             on_nonfinite: str = "raise", mesh=None, rules=None,
+                             return_state: bool = False, block_size=None):
   """Block diffusion (BD3-style semi-AR) decoding: the one-block special case of D2F.
 
-  One block at a time; within a block of k masks and s = steps_per_block steps, step i
-  commits the k // s (+1 for i < k % s) most confident masked slots (LLaDA's schedule).
-  A finished block is written to the cache by the next block's first forward (the first
-  forward also writes the prompt), so `nfe = N * s` exactly. Arguments as in `d2f_generate`.
+  One block at a time; within a block of k masks and s = steps_per_block steps (default k:
+  one token per step), step i commits the k // s (+1 for i < k % s) most confident masked
+  slots (LLaDA's schedule). A finished block is written to the cache by the next block's
+  first forward (the first forward also writes the prompt), so `nfe = N * s` exactly.
+  Arguments as in `d2f_generate`.
   """
-  spec, limits = make_spec(
-      cfg, gen_length=gen_length, block_size=block_size, max_active_blocks=1, tau_add=1.0,
-      tau_act=1.0, tau_conf=math.inf, rule="count", steps_per_block=steps_per_block,
-      temperature=temperature, remasking=remasking, use_cache=use_cache)
-  return _generate(params, cfg, spec, limits, prompt_tokens, prompt_valid, rng, mesh, rules,
-                   return_state)
+  opts = block_diffusion_options(
+      cfg, gen_length=gen_length, block_length=block_length, block_size=block_size,
+      steps_per_block=steps_per_block, temperature=temperature, remasking=remasking,
+      use_cache=use_cache)
+  return _generate(params, cfg, opts.spec, opts.limits, prompt_tokens, prompt_valid, rng, mesh, rules,
+                   return_state, on_nonfinite)
 
 
-def _generate(params, cfg, spec, limits, prompt, valid, rng, mesh, rules, return_state):
-  """Checks the prompts, places inputs on the mesh, runs the jitted decode."""
-  base.check_prompts(cfg, prompt, valid, spec.gen_length)
+def prepare(params, cfg, spec, limits, prompt, valid, rng, mesh, rules):
+  """Checks the prompts and places every input (params only when not already on the mesh).
+
+  Returns (params, prompt, valid, rng, limits, static keywords of the jitted functions)."""
+  base.check_prompts(cfg, prompt, valid, spec.gen_length, block_length=spec.block_size)
   prompt, valid = base.prompt_inputs(prompt, valid)
   rng = jax.random.key(0) if rng is None else rng
   if mesh is None:
-    out, state = decode(params, prompt, valid, rng, limits, cfg=cfg, spec=spec)
+    return params, prompt, valid, rng, limits, dict(cfg=cfg, spec=spec)
+  rules = mesh_lib.rules_from_config(rules)
+  dp = mesh_lib.data_parallel_size(mesh, rules)
+  if prompt.shape[0] % dp:
+    raise ValueError(f"batch {prompt.shape[0]} is not divisible by the mesh's "
+                     f"data-parallel size {dp}; pad the batch with dummy prompts.")
+  params = base.place_params(params, cfg, mesh, rules)
+  rows = mesh_lib.batch_sharding(mesh, 2, rules)
+  prompt, valid = jax.device_put(prompt, rows), jax.device_put(valid, rows)
+  rng, limits = jax.device_put((rng, limits), mesh_lib.replicated(mesh))
+  return params, prompt, valid, rng, limits, dict(cfg=cfg, spec=spec, mesh=mesh, rules=rules)
+
+
+def _generate(params, cfg, spec, limits, prompt, valid, rng, mesh, rules, return_state,
+              on_nonfinite="raise"):
+  """Checks the prompts, places inputs on the mesh, runs the jitted decode."""
+  base.check_on_nonfinite(on_nonfinite)
+  params, prompt, valid, rng, limits, kw = prepare(params, cfg, spec, limits, prompt, valid,
+                                                   rng, mesh, rules)
+  if mesh is None:
+    out, state = decode(params, prompt, valid, rng, limits, **kw)
   else:
-    rules = mesh_lib.rules_from_config(rules)
-    dp = mesh_lib.data_parallel_size(mesh, rules)
-    if prompt.shape[0] % dp:
-      raise ValueError(f"batch {prompt.shape[0]} is not divisible by the mesh's "
-                       f"data-parallel size {dp}; pad the batch with dummy prompts.")
-    params = jax.device_put(params, mesh_lib.param_shardings(abstract_params(cfg), mesh, rules))
-    rows = mesh_lib.batch_sharding(mesh, 2, rules)
-    prompt, valid = jax.device_put(prompt, rows), jax.device_put(valid, rows)
-    rng, limits = jax.device_put((rng, limits), mesh_lib.replicated(mesh))
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      out, state = decode(params, prompt, valid, rng, limits, cfg=cfg, spec=spec, mesh=mesh,
-                          rules=rules)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(kw["rules"]):
+      out, state = decode(params, prompt, valid, rng, limits, **kw)
+  base.raise_if_nonfinite(out, on_nonfinite)
   return (out, state) if return_state else out

@@ -67,7 +67,6 @@ class D2FSpec:
     rule: "threshold" (D2F: probability above tau_conf, plus the top-1 of a fully activated
       block) or "count" (block diffusion: block step i commits k // s, +1 for i < k % s).
     steps_per_block: s of the "count" rule (0 for "threshold").
-    temperature: 0 is greedy; else Gumbel-max sampling at this temperature.
     remasking: confidence kind that ranks positions (sampling.CONFIDENCE_KINDS); the
       threshold itself always reads the probability of the proposed token.
     use_cache: exact K/V cache of final blocks; False recomputes the whole canvas per step.
@@ -81,7 +80,6 @@ class D2FSpec:
   max_active: int
   rule: str
   steps_per_block: int
-  temperature: float
   remasking: str
   use_cache: bool
   mask_id: int
@@ -120,17 +118,21 @@ class Thresholds:
     act_count: [] int32, a block is fully activated once its predecessor has this many
       (tau_act as a count).
     tau_conf: [] float32, the commit threshold on the proposal's probability.
+    temperature: [] float32, 0 is greedy (exactly: argmax); else Gumbel-max sampling.
   """
   add_count: Array
   act_count: Array
   tau_conf: Array
+  temperature: Array
 
   @classmethod
-  def create(cls, block_size: int, tau_add: float, tau_act: float, tau_conf: float):
+  def create(cls, block_size: int, tau_add: float, tau_act: float, tau_conf: float,
+             temperature: float = 0.0):
     # NumPy scalars: the jitted decoder transfers them with its other arguments.
     return cls(add_count=np.asarray(fraction_to_count(tau_add, block_size), np.int32),
                act_count=np.asarray(fraction_to_count(tau_act, block_size), np.int32),
-               tau_conf=np.asarray(tau_conf, np.float32))
+               tau_conf=np.asarray(tau_conf, np.float32),
+               temperature=np.asarray(temperature, np.float32))
 
 
 @flax.struct.dataclass
@@ -151,6 +153,7 @@ class D2FState:
       batch; the first forward's prompt included): the window policy's cost measure.
     rng: PRNG key.
     limits: the decode's Thresholds.
+    finite: [B] bool every forward gave the row finite logits (over its valid slots).
     cache: KVCache of P + G slots, or None without a cache.
     last_logits: [B, V] float32 model output at the last cached slot, which predicts the
       slot after it for models with shifted logits (Dream); None otherwise.
@@ -170,6 +173,7 @@ class D2FState:
   forward_slots: Array
   rng: Array
   limits: Thresholds
+  finite: Array
   cache: kvc.KVCache | None
   last_logits: Array | None
 
@@ -217,7 +221,7 @@ def commit_mask(spec: D2FSpec, state: D2FState, prob: Array, score: Array) -> Ar
     before = jnp.concatenate([jnp.full((b, 1), k, jnp.int32), counts[:, :-1]], axis=1)
     full = before >= state.limits.act_count  # [B, N]
     above = cand & (prob.reshape(b, n, k) > state.limits.tau_conf)
-    best = jax.nn.one_hot(jnp.argmax(score, -1), k, dtype=jnp.bool_) & cand
+    best = sampling.best_mask(score, cand)
     fallback = full & ~jnp.any(above, -1)
     commit = above | (best & fallback[..., None])
   elif spec.rule == "count":

@@ -25,6 +25,9 @@ output predicts the block's first slot.
 
 NFE counts forwards (full or chunk). Early stop as in `llada.py`: a row whose answer is final
 stops committing; that cannot change any output.
+
+threshold, factor and temperature are traced (`FastDLLMOptions.split`): sweeping them never
+recompiles. A row whose block logits are ever non-finite is flagged (`DecodeOutput.finite`).
 """
 
 from __future__ import annotations
@@ -49,11 +52,11 @@ CACHE_MODES = ("none", "prefix", "dual")
 
 @dataclasses.dataclass(frozen=True)
 class FastDLLMOptions:
-  """Static decoding options (hashable: a jit static argument).
+  """Decoding options; `split()` gives the static part (a jit argument) and the traced knobs.
 
   Attributes:
     gen_length: G response slots.
-    block_length: b slots per block (must divide G).
+    block_length: b slots per block (must divide G; default 32, capped at G).
     rule: "threshold" or "factor".
     threshold: tau of the threshold rule (> 1 commits exactly one token per step).
     factor: f of the factor rule.
@@ -61,8 +64,8 @@ class FastDLLMOptions:
     temperature: Gumbel-max temperature of the token proposal (0 = argmax).
     early_stop: freeze rows whose answer is final and exit when all rows are.
   """
-  gen_length: int = 128
-  block_length: int = 32
+  gen_length: int = base.GEN_LENGTH
+  block_length: int | None = None
   rule: str = "threshold"
   threshold: float = 0.9
   factor: float = 1.0
@@ -70,23 +73,29 @@ class FastDLLMOptions:
   temperature: float = 0.0
   early_stop: bool = True
 
+  TRACED = {"threshold": 1.0, "factor": 1.0, "temperature": 0.0}
+
   def __post_init__(self):
-    g, bl = self.gen_length, self.block_length
+    g = self.gen_length
     if not isinstance(g, (int, np.integer)) or g <= 0:
       raise ValueError(f"gen_length must be a positive int, got {g!r}.")
-    if bl <= 0 or g % bl:
+    bl = base.resolve_block_length(self.block_length, g)
+    object.__setattr__(self, "block_length", bl)
+    if g % bl:
       raise ValueError(f"gen_length={g} must be a positive multiple of block_length={bl}; "
                        "pick a block_length that divides gen_length.")
     if self.rule not in RULES:
       raise ValueError(f"Unknown rule {self.rule!r}; use one of {RULES}.")
     if self.cache not in CACHE_MODES:
       raise ValueError(f"Unknown cache mode {self.cache!r}; use one of {CACHE_MODES}.")
-    if self.threshold <= 0:
-      raise ValueError(f"threshold must be > 0, got {self.threshold}.")
-    if self.factor <= 0:
-      raise ValueError(f"factor must be > 0, got {self.factor}.")
-    if self.temperature < 0:
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
+    # threshold may be inf (above every probability: one token per step, the top one).
+    base.check_number("threshold", self.threshold, low=0.0, low_open=True, allow_inf=True)
+    base.check_number("factor", self.factor, low=0.0, low_open=True)
+    base.check_number("temperature", self.temperature, low=0.0)
+
+  def split(self):
+    """(static options, {threshold, factor, temperature} [] arrays)."""
+    return base.split_options(self, self.TRACED, {})
 
   @property
   def num_blocks(self) -> int:
@@ -108,19 +117,25 @@ class FastState:
   committed: Array
   done: Array
   rng: Array
+  knobs: dict
+  finite: Array
 
 
 def init_state(params, cfg: ModelConfig, opts: FastDLLMOptions, tokens, valid,
-               rng) -> FastState:
-  """The all-masked canvas and an empty T-slot cache (no forward yet)."""
+               rng, knobs: dict | None = None) -> FastState:
+  """The all-masked canvas and an empty T-slot cache (no forward yet).
+
+  `knobs` are the traced options (default: `opts.split()[1]`)."""
   del params
+  knobs = opts.split()[1] if knobs is None else knobs
   canvas, cvalid, positions = base.init_canvas(tokens, valid, opts.gen_length, cfg.mask_token_id)
   b, t = canvas.shape
   cache = None if opts.cache == "none" else kv_cache.init_cache(cfg, b, t)
   zero = lambda: jnp.zeros((), jnp.int32)  # distinct buffers: the state may be donated
   return FastState(canvas=canvas, valid=cvalid, positions=positions, cache=cache, block=zero(),
                    fresh=jnp.ones((), bool), step=zero(), nfe=zero(),
-                   committed=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), rng=rng)
+                   committed=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), rng=rng,
+                   knobs=knobs, finite=jnp.ones((b,), bool))
 
 
 def _block_start(opts: FastDLLMOptions, state: FastState) -> Array:
@@ -196,22 +211,25 @@ def step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> F
     logits, cache = _block_logits(logits, start, bl), None
   else:
     logits, cache = _cached_step_logits(params, cfg, opts, state)
+  finite = state.finite & (sampling.all_finite(logits) | state.done)
   logits = sampling.forbid(logits, (cfg.mask_token_id,))
   keys = sampling.row_keys(state.rng, state.step, b)
-  x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, opts.temperature, k))(logits, keys)
+  temperature = state.knobs["temperature"]
+  x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys)
   conf = sampling.confidence(logits, x0, "probability")
 
   block = jax.lax.dynamic_slice_in_dim(state.canvas, start, bl, axis=1)
   active = ~state.done if opts.early_stop else jnp.ones((b,), bool)
   candidates = (block == cfg.mask_token_id) & active[:, None]
   if opts.rule == "threshold":
-    commit = sampling.threshold_mask(conf, candidates, opts.threshold)
+    commit = sampling.threshold_mask(conf, candidates, state.knobs["threshold"])
   else:
-    commit = sampling.factor_mask(conf, candidates, opts.factor)
+    commit = sampling.factor_mask(conf, candidates, state.knobs["factor"])
   block = jnp.where(commit, x0, block)
   canvas = jax.lax.dynamic_update_slice_in_dim(state.canvas, block, start, axis=1)
 
   new = state.replace(canvas=canvas, cache=cache, step=state.step + 1, nfe=state.nfe + 1,
+                      finite=finite,
                       committed=state.committed + jnp.sum(commit, axis=1, dtype=jnp.int32))
   done = llada.row_done(cfg, *llada.response_view(cfg, opts, new))
   filled = jnp.all(block != cfg.mask_token_id, axis=1)
@@ -225,24 +243,40 @@ def running(opts: FastDLLMOptions, state: FastState) -> Array:
   return more & ~jnp.all(state.done) if opts.early_stop else more
 
 
+def response_view(cfg: ModelConfig, opts: FastDLLMOptions, state: FastState):
+  """([B, G] response slots, [B, G] bool decided)."""
+  return llada.response_view(cfg, opts, state)
+
+
 def finish(cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> base.DecodeOutput:
   return llada.finish(cfg, opts, state)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "opts"))
-def _generate(params, tokens, valid, rng, *, cfg, opts):
-  state = init_state(params, cfg, opts, tokens, valid, rng)
+def _generate(params, tokens, valid, rng, knobs, *, cfg, opts):
+  state = init_state(params, cfg, opts, tokens, valid, rng, knobs)
   state = jax.lax.while_loop(functools.partial(running, opts),
                              functools.partial(step, params, cfg, opts), state)
   return finish(cfg, opts, state)
 
 
-jit_init_state = jax.jit(init_state, static_argnums=(1, 2))
-jit_step = jax.jit(step, static_argnums=(1, 2), donate_argnums=(3,))
+_jit_init = jax.jit(init_state, static_argnums=(1, 2))
+_jit_step = jax.jit(step, static_argnums=(1, 2), donate_argnums=(3,))
 
 
-def fast_dllm_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None,
-                       **options) -> base.DecodeOutput:
+def jit_init_state(params, cfg: ModelConfig, opts: FastDLLMOptions, tokens, valid, rng):
+  """Jitted `init_state`; compiled once per static part of `opts` (knobs ride in the state)."""
+  static, knobs = opts.split()
+  return _jit_init(params, cfg, static, tokens, valid, rng, knobs)
+
+
+def jit_step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> FastState:
+  """Jitted `step` with the state donated; reads the traced options from `state.knobs`."""
+  return _jit_step(params, cfg, opts.split()[0], state)
+
+
+def fast_dllm_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
+                       on_nonfinite: str = "raise", **options) -> base.DecodeOutput:
   """Fast-dLLM decoding of a left-padded prompt batch (one jitted while_loop).
 
   Args:
@@ -250,10 +284,20 @@ def fast_dllm_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=Non
     cfg: the model config (needs mask_token_id).
     prompt_tokens: [B, P] int left-padded prompts; prompt_valid: [B, P] bool (None: all real).
     rng: PRNG key for temperature > 0 (default key 0).
+    on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
+      "flag" (return them with `finite` False, lengths 0).
     **options: fields of `FastDLLMOptions` (unknown names raise ValueError).
   """
+  base.check_on_nonfinite(on_nonfinite)
   opts = base.make_options(FastDLLMOptions, options)
-  base.check_prompts(cfg, prompt_tokens, prompt_valid, opts.gen_length)
+  check(cfg, prompt_tokens, prompt_valid, opts)
   rng = jax.random.key(0) if rng is None else rng
   tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
-  return _generate(params, tokens, valid, rng, cfg=cfg, opts=opts)
+  static, knobs = opts.split()
+  out = _generate(params, tokens, valid, rng, knobs, cfg=cfg, opts=static)
+  return base.raise_if_nonfinite(out, on_nonfinite)
+
+
+def check(cfg: ModelConfig, tokens, valid, opts: FastDLLMOptions) -> None:
+  """Validates a prompt batch against the options (before anything is compiled)."""
+  base.check_prompts(cfg, tokens, valid, opts.gen_length, block_length=opts.block_length)

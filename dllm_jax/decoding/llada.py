@@ -26,6 +26,10 @@ decided. That cannot change its output: the decided prefix never changes again, 
 be committed before the stop, and everything after it is cut. Rows never interact (their
 forwards and random keys are per row), so freezing one cannot change another. The loop exits
 when every row is done.
+
+temperature, alg_temp and cfg_scale are traced (`LLaDAOptions.split`; only CFG on/off is
+static, since it doubles the forward batch): sweeping them never recompiles. A row whose
+block logits are ever non-finite is flagged (`DecodeOutput.finite`).
 """
 
 from __future__ import annotations
@@ -54,11 +58,11 @@ REMASKING = {
 
 @dataclasses.dataclass(frozen=True)
 class LLaDAOptions:
-  """Static decoding options (hashable: a jit static argument).
+  """Decoding options; `split()` gives the static part (a jit argument) and the traced knobs.
 
   Attributes:
     gen_length: G response slots.
-    block_length: slots per semi-autoregressive block (default G: one block).
+    block_length: slots per semi-autoregressive block (default 32, capped at G).
     steps: forward passes in total, split evenly over blocks (default G: one token per step).
     remasking: one of REMASKING.
     temperature: Gumbel-max temperature of the token proposal (0 = argmax).
@@ -69,7 +73,7 @@ class LLaDAOptions:
       candidate of the block (their confidence ranks below all others), at any temperature.
     early_stop: freeze rows whose answer is final and exit when all rows are (see module doc).
   """
-  gen_length: int = 128
+  gen_length: int = base.GEN_LENGTH
   block_length: int | None = None
   steps: int | None = None
   remasking: str = "low_confidence"
@@ -84,8 +88,7 @@ class LLaDAOptions:
     g = self.gen_length
     if not isinstance(g, (int, np.integer)) or g <= 0:
       raise ValueError(f"gen_length must be a positive int, got {g!r}.")
-    if self.block_length is None:
-      object.__setattr__(self, "block_length", g)
+    object.__setattr__(self, "block_length", base.resolve_block_length(self.block_length, g))
     if self.steps is None:
       object.__setattr__(self, "steps", g)
     bl, s = self.block_length, self.steps
@@ -100,8 +103,17 @@ class LLaDAOptions:
     if self.remasking not in REMASKING:
       raise ValueError(f"Unknown remasking {self.remasking!r}; use one of {tuple(REMASKING)}.")
     for name in ("temperature", "alg_temp", "cfg_scale"):
-      if getattr(self, name) < 0:
-        raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+      base.check_number(name, getattr(self, name), low=0.0)
+
+  def split(self):
+    """(static options, traced knobs). The static part keeps only whether CFG is on; the
+    knobs hold temperature, alg_temp and the CFG weight `cfg_scale + 1` (computed here in
+    float64, as the untraced formula did)."""
+    static, knobs = base.split_options(
+        self, {"temperature": 0.0, "alg_temp": 0.0,
+               "cfg_scale": 0.0 if self.cfg_scale == 0 else 1.0}, {})
+    knobs["cfg_scale"] = np.asarray(self.cfg_scale + 1.0, np.float32)
+    return static, knobs
 
   @property
   def num_blocks(self) -> int:
@@ -130,6 +142,8 @@ class LLaDAState:
   committed: Array
   done: Array
   rng: Array
+  knobs: dict
+  finite: Array
 
 
 def bidirectional_logits(params, cfg: ModelConfig, canvas, valid, positions) -> Array:
@@ -145,20 +159,24 @@ def forbidden_ids(cfg: ModelConfig, opts: LLaDAOptions) -> tuple[int, ...]:
 
 def check(cfg: ModelConfig, tokens, valid, opts: LLaDAOptions) -> None:
   """Validates a prompt batch against the options (before anything is compiled)."""
-  base.check_prompts(cfg, tokens, valid, opts.gen_length)
+  base.check_prompts(cfg, tokens, valid, opts.gen_length, block_length=opts.block_length)
   if opts.logits_eos_inf and cfg.eos_token_id is None:
     raise ValueError(f"logits_eos_inf needs an EOS id but config {cfg.name!r} has none.")
 
 
 def init_state(params, cfg: ModelConfig, opts: LLaDAOptions, tokens, valid,
-               rng) -> LLaDAState:
-  """The all-masked canvas (no forward yet; `params` is unused, kept for a uniform API)."""
+               rng, knobs: dict | None = None) -> LLaDAState:
+  """The all-masked canvas (no forward yet; `params` is unused, kept for a uniform API).
+
+  `knobs` are the traced options (default: `opts.split()[1]`)."""
   del params
+  knobs = opts.split()[1] if knobs is None else knobs
   canvas, cvalid, positions = base.init_canvas(tokens, valid, opts.gen_length, cfg.mask_token_id)
   b = tokens.shape[0]
   zero = lambda: jnp.zeros((), jnp.int32)  # distinct buffers: the state may be donated
   return LLaDAState(canvas=canvas, valid=cvalid, positions=positions, step=zero(), nfe=zero(),
-                    committed=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), rng=rng)
+                    committed=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), rng=rng,
+                    knobs=knobs, finite=jnp.ones((b,), bool))
 
 
 def _guided_logits(params, cfg, opts, state: LLaDAState) -> Array:
@@ -173,10 +191,10 @@ def _guided_logits(params, cfg, opts, state: LLaDAState) -> Array:
       jnp.concatenate([state.valid, state.valid]),
       jnp.concatenate([state.positions, state.positions]))
   cond, un = jnp.split(both, 2)
-  return un + (opts.cfg_scale + 1.0) * (cond - un)
+  return un + state.knobs["cfg_scale"] * (cond - un)  # the weight cfg_scale + 1 (split())
 
 
-def select_ranked(scores: Array, candidates: Array, k: Array, order_temp: float, keys: Array,
+def select_ranked(scores: Array, candidates: Array, k: Array, order_temp, keys: Array,
                   demoted: Array | None = None) -> Array:
   """Each row commits its k[b] best candidates; demoted candidates rank below all others.
 
@@ -213,11 +231,12 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
   start = t - opts.gen_length + (state.step // opts.steps_per_block) * bl
   # Only the current block competes: propose and score its [B, b] slots.
   logits = jax.lax.dynamic_slice_in_dim(_guided_logits(params, cfg, opts, state), start, bl, 1)
+  finite = state.finite & (sampling.all_finite(logits) | state.done)
   logits = sampling.forbid(logits, forbidden_ids(cfg, opts))
   keys = jax.vmap(lambda k: jax.random.split(k, 3))(
       sampling.row_keys(state.rng, state.step, b))                       # [B, 3]
-  x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, opts.temperature, k))(
-      logits, keys[:, 0])
+  temperature = state.knobs["temperature"]
+  x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys[:, 0])
   kind = REMASKING[opts.remasking]
   conf = jax.vmap(lambda lg, x, k: sampling.confidence(lg, x, kind, k))(logits, x0, keys[:, 1])
 
@@ -229,11 +248,11 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
     demoted = jnp.isin(x0, jnp.asarray(base.stop_ids(cfg), jnp.int32))
   schedule = jnp.asarray(transfer_schedule(bl, opts.steps_per_block, opts.num_blocks))
   k = jnp.broadcast_to(schedule[state.step], (b,))
-  commit = select_ranked(conf, candidates, k, opts.alg_temp, keys[:, 2], demoted)
+  commit = select_ranked(conf, candidates, k, state.knobs["alg_temp"], keys[:, 2], demoted)
 
   canvas = jax.lax.dynamic_update_slice_in_dim(state.canvas, jnp.where(commit, x0, block),
                                                start, 1)
-  new = state.replace(canvas=canvas, step=state.step + 1, nfe=state.nfe + 1,
+  new = state.replace(canvas=canvas, step=state.step + 1, nfe=state.nfe + 1, finite=finite,
                       committed=state.committed + jnp.sum(commit, axis=1, dtype=jnp.int32))
   return new.replace(done=row_done(cfg, *response_view(cfg, opts, new)))
 
@@ -245,26 +264,37 @@ def running(opts: LLaDAOptions, state: LLaDAState) -> Array:
 
 def finish(cfg: ModelConfig, opts, state) -> base.DecodeOutput:
   response, decided = response_view(cfg, opts, state)
-  tokens, lengths, _ = base.finalize(response, decided, base.stop_ids(cfg),
-                                     base.output_pad_id(cfg))
-  return base.DecodeOutput(tokens=tokens, lengths=lengths, nfe=state.nfe, steps=state.step,
-                           committed=state.committed, done=row_done(cfg, response, decided))
+  pad = base.output_pad_id(cfg)
+  tokens, lengths, _ = base.finalize(response, decided, base.stop_ids(cfg), pad)
+  return base.decode_output(tokens, lengths, state.nfe, state.step, state.committed,
+                            row_done(cfg, response, decided), state.finite, pad)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "opts"))
-def _generate(params, tokens, valid, rng, *, cfg, opts):
-  state = init_state(params, cfg, opts, tokens, valid, rng)
+def _generate(params, tokens, valid, rng, knobs, *, cfg, opts):
+  state = init_state(params, cfg, opts, tokens, valid, rng, knobs)
   state = jax.lax.while_loop(functools.partial(running, opts),
                              functools.partial(step, params, cfg, opts), state)
   return finish(cfg, opts, state)
 
 
-jit_init_state = jax.jit(init_state, static_argnums=(1, 2))
-jit_step = jax.jit(step, static_argnums=(1, 2), donate_argnums=(3,))
+_jit_init = jax.jit(init_state, static_argnums=(1, 2))
+_jit_step = jax.jit(step, static_argnums=(1, 2), donate_argnums=(3,))
 
 
-def llada_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None,
-                   **options) -> base.DecodeOutput:
+def jit_init_state(params, cfg: ModelConfig, opts, tokens, valid, rng):
+  """Jitted `init_state`; compiled once per static part of `opts` (knobs ride in the state)."""
+  static, knobs = opts.split()
+  return _jit_init(params, cfg, static, tokens, valid, rng, knobs)
+
+
+def jit_step(params, cfg: ModelConfig, opts, state):
+  """Jitted `step` with the state donated; reads the traced options from `state.knobs`."""
+  return _jit_step(params, cfg, opts.split()[0], state)
+
+
+def llada_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
+                   on_nonfinite: str = "raise", **options) -> base.DecodeOutput:
   """Masked-diffusion decoding of a left-padded prompt batch (one jitted while_loop).
 
   Args:
@@ -272,18 +302,26 @@ def llada_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, r
     cfg: the model config (needs mask_token_id).
     prompt_tokens: [B, P] int left-padded prompts; prompt_valid: [B, P] bool (None: all real).
     rng: PRNG key for temperature / random orders (default key 0).
+    on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
+      "flag" (return them with `finite` False, lengths 0).
     **options: fields of `LLaDAOptions` (unknown names raise ValueError).
   """
+  base.check_on_nonfinite(on_nonfinite)
   opts = base.make_options(LLaDAOptions, options)
   check(cfg, prompt_tokens, prompt_valid, opts)
   rng = jax.random.key(0) if rng is None else rng
   tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
-  return _generate(params, tokens, valid, rng, cfg=cfg, opts=opts)
+  static, knobs = opts.split()
+  out = _generate(params, tokens, valid, rng, knobs, cfg=cfg, opts=static)
+  return base.raise_if_nonfinite(out, on_nonfinite)
 
 
-def dream_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None,
-                   **options) -> base.DecodeOutput:
+DREAM_DEFAULTS = {"remasking": "entropy"}
+
+
+def dream_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
+                   on_nonfinite: str = "raise", **options) -> base.DecodeOutput:
   """`llada_generate` with Dream's default ordering (`remasking="entropy"`)."""
   return llada_generate(params, cfg, prompt_tokens, prompt_valid, rng,
-                        **{"remasking": "entropy", **options})
+                        on_nonfinite=on_nonfinite, **{**DREAM_DEFAULTS, **options})
 

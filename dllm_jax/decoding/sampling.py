@@ -1,7 +1,17 @@
-"""Token choice and confidence scores shared by every decoder.
+"""Token choice, confidence scores and ranking shared by every decoder.
 
 Shape legend: B batch, T canvas positions, V vocab. All functions are pure and jit-able;
 randomness comes from an explicit key (fold it in per step: `fold_in(rng, step)`).
+
+Scalar knobs (temperature, top_k, top_p, the order temperature) may be Python numbers or
+traced [] arrays: decoders pass them traced, so sweeping them never recompiles. A traced
+temperature of 0 is still exactly greedy (`lax.cond` picks the plain argmax).
+
+Ranking (`rank_scores`) is the one place every decoder orders positions by confidence:
+scores are rounded to a grid of `RANK_GRID` before ranking and ties go to the lowest slot.
+A forward's float noise depends on the batch size and the mesh (different matmul blockings
+and reduction orders, ~1e-6 on entropies); without the grid, near-ties would rank a row
+differently alone, in a batch and on a mesh.
 """
 
 from __future__ import annotations
@@ -12,6 +22,13 @@ import jax.numpy as jnp
 Array = jnp.ndarray
 NEG_INF = -jnp.inf
 CONFIDENCE_KINDS = ("probability", "margin", "entropy", "random")
+# Ranking grid: far above cross-batch / cross-mesh float noise on scores (<~1e-6), far below
+# the gaps that decide a ranking in a trained model.
+RANK_GRID = 2.0 ** -12
+
+
+def _is_number(x) -> bool:
+  return isinstance(x, (int, float))
 
 
 def forbid(logits: Array, token_ids) -> Array:
@@ -22,29 +39,61 @@ def forbid(logits: Array, token_ids) -> Array:
   return logits.at[..., jnp.asarray(ids)].set(NEG_INF)
 
 
-def gumbel_argmax(logits: Array, temperature: float, rng: Array | None) -> Array:
+def all_finite(logits: Array, valid: Array | None = None) -> Array:
+  """[B] bool: every logit of the row is finite ([B, ..., V] logits; `valid` [B, ...] marks
+  the slots that count). One reduction over logits the decoder computed anyway."""
+  ok = jnp.isfinite(logits)
+  if valid is not None:
+    ok = ok | ~valid[..., None]
+  return jnp.all(ok.reshape(ok.shape[0], -1), axis=1)
+
+
+def scale(logits: Array, temperature) -> Array:
+  """logits / T, or the logits unchanged at T == 0 (static or traced T)."""
+  if _is_number(temperature):
+    return logits if temperature == 0.0 else logits / temperature
+  return jnp.where(temperature == 0.0, logits, logits / jnp.where(temperature == 0.0, 1.0,
+                                                                   temperature))
+
+
+def _gumbel(rng: Array, shape) -> Array:
+  u = jax.random.uniform(rng, shape, jnp.float32, minval=1e-20, maxval=1.0)
+  return -jnp.log(-jnp.log(u))
+
+
+def _argmax(logits: Array) -> Array:
+  return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def gumbel_argmax(logits: Array, temperature, rng: Array | None) -> Array:
   """argmax(logits / T + Gumbel) (temperature 0: plain argmax). [..., V] -> [...].
 
   Equal in distribution to LLaDA's `argmax(exp(logits) / (-log u) ** T)`.
   """
-  if temperature == 0.0:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  u = jax.random.uniform(rng, logits.shape, jnp.float32, minval=1e-20, maxval=1.0)
-  gumbel = -jnp.log(-jnp.log(u))
-  return jnp.argmax(logits / temperature + gumbel, axis=-1).astype(jnp.int32)
+  sampled = lambda lg: _argmax(lg / temperature + _gumbel(rng, lg.shape))
+  if _is_number(temperature):
+    return _argmax(logits) if temperature == 0.0 else sampled(logits)
+  return jax.lax.cond(temperature == 0.0, _argmax, sampled, logits)
 
 
-def filter_top_k(logits: Array, top_k: int) -> Array:
+def filter_top_k(logits: Array, top_k) -> Array:
   """Keeps the k largest logits per row (0 = keep all)."""
-  if not top_k or top_k >= logits.shape[-1]:
-    return logits
-  kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
-  return jnp.where(logits < kth, NEG_INF, logits)
+  v = logits.shape[-1]
+  if _is_number(top_k):
+    if not top_k or top_k >= v:
+      return logits
+    kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+    return jnp.where(logits < kth, NEG_INF, logits)
+  top_k = jnp.asarray(top_k, jnp.int32)
+  sorted_desc = jnp.sort(logits, axis=-1)[..., ::-1]
+  kth = jax.lax.dynamic_index_in_dim(sorted_desc, jnp.clip(top_k - 1, 0, v - 1), axis=-1)
+  keep_all = (top_k <= 0) | (top_k >= v)
+  return jnp.where(keep_all | (logits >= kth), logits, NEG_INF)
 
 
-def filter_top_p(logits: Array, top_p: float) -> Array:
+def filter_top_p(logits: Array, top_p) -> Array:
   """Nucleus filtering: keeps the smallest set of tokens whose probability reaches top_p."""
-  if top_p >= 1.0:
+  if _is_number(top_p) and top_p >= 1.0:
     return logits
   sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
   probs = jax.nn.softmax(sorted_logits, axis=-1)
@@ -52,16 +101,18 @@ def filter_top_p(logits: Array, top_p: float) -> Array:
   mass_before = jnp.cumsum(probs, axis=-1) - probs
   cutoff_idx = jnp.sum(mass_before < top_p, axis=-1, keepdims=True) - 1
   cutoff = jnp.take_along_axis(sorted_logits, cutoff_idx, axis=-1)
-  return jnp.where(logits < cutoff, NEG_INF, logits)
+  filtered = jnp.where(logits < cutoff, NEG_INF, logits)
+  return filtered if _is_number(top_p) else jnp.where(top_p >= 1.0, logits, filtered)
 
 
-def sample(logits: Array, rng: Array | None, *, temperature: float = 0.0, top_k: int = 0,
-           top_p: float = 1.0) -> Array:
+def sample(logits: Array, rng: Array | None, *, temperature=0.0, top_k=0, top_p=1.0) -> Array:
   """AR-style sampling: greedy at temperature 0, else top-k / top-p filtered Gumbel-max."""
-  if temperature == 0.0:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  logits = filter_top_p(filter_top_k(logits, top_k), top_p)
-  return gumbel_argmax(logits, temperature, rng)
+  def sampled(lg):
+    lg = filter_top_p(filter_top_k(lg, top_k), top_p)
+    return _argmax(lg / temperature + _gumbel(rng, lg.shape))
+  if _is_number(temperature):
+    return _argmax(logits) if temperature == 0.0 else sampled(logits)
+  return jax.lax.cond(temperature == 0.0, _argmax, sampled, logits)
 
 
 def confidence(logits: Array, x0: Array, kind: str, rng: Array | None = None) -> Array:
@@ -86,40 +137,57 @@ def confidence(logits: Array, x0: Array, kind: str, rng: Array | None = None) ->
   raise ValueError(f"Unknown confidence kind {kind!r}; use one of {CONFIDENCE_KINDS}.")
 
 
+def rank_scores(scores: Array) -> Array:
+  """Scores as every ranking compares them: rounded to `RANK_GRID` (-inf stays -inf).
+
+  Rank with a stable descending sort / first-max argmax on these, so equal rounded scores go
+  to the lowest slot: the order is the same for a row alone, in a batch and on a mesh.
+  """
+  return jnp.where(jnp.isfinite(scores), jnp.round(scores / RANK_GRID) * RANK_GRID, scores)
+
+
+def best_mask(scores: Array, candidates: Array) -> Array:
+  """[..., T] bool: the top-ranked candidate (lowest slot among equal rounded scores) of every
+  row that has a candidate."""
+  ranked = rank_scores(jnp.where(candidates, scores, NEG_INF))
+  best = jax.nn.one_hot(jnp.argmax(ranked, axis=-1), scores.shape[-1], dtype=jnp.bool_)
+  return best & jnp.any(candidates, axis=-1, keepdims=True)
+
+
 def top_k_mask(scores: Array, k: Array) -> Array:
   """Marks the k[b] highest scores of each row ([B, T], [B] -> [B, T] bool).
 
-  Ties go to the lower index (like a stable descending sort). Entries at -inf are never
-  chosen, so a row with fewer candidates than k commits only its candidates.
+  Scores are compared as `rank_scores` rounds them; ties go to the lower index (a stable
+  descending sort). Entries at -inf are never chosen, so a row with fewer candidates than
+  k commits only its candidates.
   """
-  order = jnp.argsort(-scores, axis=-1, stable=True)
+  order = jnp.argsort(-rank_scores(scores), axis=-1, stable=True)
   ranks = jnp.argsort(order, axis=-1)
   return (ranks < k[:, None]) & (scores > NEG_INF)
 
 
-def sample_order_mask(scores: Array, k: Array, temperature: float, rng: Array) -> Array:
+def sample_order_mask(scores: Array, k: Array, temperature, rng: Array) -> Array:
   """Dream's `alg_temp`: picks k positions by sampling ∝ softmax(scores / T) without replacement.
 
   Gumbel-top-k: adding Gumbel noise to scores / T and taking the top k samples without
-  replacement. temperature 0 is the deterministic top-k.
+  replacement. temperature 0 (static or traced) is the deterministic top-k.
   """
-  if temperature == 0.0:
-    return top_k_mask(scores, k)
-  u = jax.random.uniform(rng, scores.shape, jnp.float32, minval=1e-20, maxval=1.0)
-  noisy = jnp.where(scores > NEG_INF, scores / temperature - jnp.log(-jnp.log(u)), NEG_INF)
-  return top_k_mask(noisy, k)
+  def sampled(s):
+    noisy = jnp.where(s > NEG_INF, s / temperature + _gumbel(rng, s.shape), NEG_INF)
+    return top_k_mask(noisy, k)
+  if _is_number(temperature):
+    return top_k_mask(scores, k) if temperature == 0.0 else sampled(scores)
+  return jax.lax.cond(temperature == 0.0, lambda s: top_k_mask(s, k), sampled, scores)
 
 
-def threshold_mask(conf: Array, candidates: Array, tau: float) -> Array:
+def threshold_mask(conf: Array, candidates: Array, tau) -> Array:
   """Fast-dLLM/D2F threshold rule: candidates with confidence > tau, and at least the most
   confident candidate of every row that has one. [B, T] -> [B, T] bool."""
-  conf = jnp.where(candidates, conf, NEG_INF)
-  above = candidates & (conf > tau)
-  best = jax.nn.one_hot(jnp.argmax(conf, axis=-1), conf.shape[-1], dtype=jnp.bool_)
-  return above | (best & jnp.any(candidates, axis=-1, keepdims=True))
+  above = candidates & (jnp.where(candidates, conf, NEG_INF) > tau)
+  return above | best_mask(conf, candidates)
 
 
-def factor_mask(conf: Array, candidates: Array, factor: float) -> Array:
+def factor_mask(conf: Array, candidates: Array, factor) -> Array:
   """Fast-dLLM factor rule: sort confidences descending and commit the largest n with
   c_n >= 1 - factor / (n + 1) (n counted from 1), at least one per row with candidates."""
   conf = jnp.where(candidates, conf, NEG_INF)

@@ -64,8 +64,8 @@ def cells_for(config, g: int, k: int) -> list[Cell]:
   """The decoders of one (G, k) group, in table order."""
   taus = dict(config.d2f_taus)
   cells = [
-      Cell("d2f fitted", "d2f", {"block_size": k, "window": "fitted", **taus}),
-      Cell("d2f full", "d2f", {"block_size": k, "window": "full", **taus}),
+      Cell("d2f fitted", "d2f", {"block_length": k, "window": "fitted", **taus}),
+      Cell("d2f full", "d2f", {"block_length": k, "window": "full", **taus}),
       Cell("ar", "ar", {}),
       Cell("llada", "llada", {"block_length": k, "steps": g}),
       Cell("fast_dllm dual", "fast_dllm", {"block_length": k, "cache": "dual",

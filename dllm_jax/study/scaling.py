@@ -87,11 +87,11 @@ DECODERS: dict[str, Decoder] = {d.name: d for d in (
             lambda g, c: {"block_length": c.block_length, "threshold": 2.0, "cache": "dual"},
             lambda p, g, k, a: [(g // k, p + g, p + g), (g - g // k, k, p + g)]),
     Decoder("d2f", "d2f",
-            lambda g, c: {"block_size": c.block_length, "tau_conf": 2.0, "tau_add": c.d2f_tau_add,
+            lambda g, c: {"block_length": c.block_length, "tau_conf": 2.0, "tau_add": c.d2f_tau_add,
                           "tau_act": c.d2f_tau_act, "max_active_blocks": c.d2f_max_active_blocks},
             lambda p, g, k, a: [(1, p + k, p + k), (g - 1, a * k, p + g / 2)]),
     Decoder("block_diffusion", "block_diffusion",
-            lambda g, c: {"block_size": c.block_length, "steps_per_block": c.block_length},
+            lambda g, c: {"block_length": c.block_length, "steps_per_block": c.block_length},
             lambda p, g, k, a: [(1, p + k, p + k), (g // k - 1, 2 * k, p + g / 2),
                                 (g - g // k, k, p + g / 2)]),
 )}

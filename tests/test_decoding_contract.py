@@ -1,0 +1,291 @@
+"""What every decoding method promises alike: streaming, one option vocabulary, traced knobs
+(one compile per sweep), NaN options rejected, non-finite logits flagged, batch-invariant
+ranking and params left in place on a mesh.
+
+Each test runs every method on the tiny model with short answers (G = 8 or 16).
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dllm_jax import decoding
+from dllm_jax.decoding import api, ar, base, d2f, fast_dllm, llada, streaming
+from dllm_jax.models import get_preset, init_params
+from dllm_jax.parallel import mesh as mesh_lib
+from test_decoding_llada import PROMPTS, random_params
+
+# One setting per method, with sampling on where it is cheap so keys are exercised too.
+RUNS = {
+    "ar": dict(gen_length=8, temperature=0.8, top_k=10),
+    "llada": dict(gen_length=16, block_length=8, steps=8, temperature=0.5),
+    "dream": dict(gen_length=16, block_length=8, steps=8),
+    "fast_dllm": dict(gen_length=16, block_length=8, threshold=0.5, cache="dual"),
+    "d2f": dict(gen_length=16, block_length=4, tau_add=0.5, tau_act=0.5, tau_conf=0.7),
+    "block_diffusion": dict(gen_length=16, block_length=4, steps_per_block=2),
+}
+FIELDS = ("tokens", "lengths", "nfe", "steps", "committed", "done", "finite")
+
+
+@pytest.fixture(scope="module")
+def model():
+  cfg = get_preset("tiny").replace(eos_token_id=None)
+  return cfg, random_params(cfg)
+
+
+@pytest.fixture(scope="module")
+def init_model():
+  """The model's own random init: logits near uniform, so confidences nearly tie."""
+  cfg = get_preset("tiny").replace(eos_token_id=None)
+  return cfg, nn.unbox(init_params(cfg, jax.random.key(0)))
+
+
+def assert_same_output(a, b, msg=""):
+  for f in FIELDS:
+    np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)),
+                                  err_msg=f"{msg} {f}")
+
+
+# ----------------------------------------------------------------------------- streaming
+
+@pytest.mark.parametrize("method", list(RUNS))
+def test_stream_replays_generate_for_every_method(model, method):
+  cfg, params = model
+  rng = jax.random.key(4)
+  events = list(streaming.stream(params, cfg, PROMPTS, method=method, rng=rng, **RUNS[method]))
+  fused = api.generate(params, cfg, PROMPTS, method=method, rng=rng, **RUNS[method])
+  assert all(e.output is None for e in events[:-1])
+  assert_same_output(events[-1].output, fused, method)
+  new = np.stack([e.new for e in events]).astype(int)
+  assert new.sum(0).max() <= 1, "a slot was committed twice"
+  np.testing.assert_array_equal(new.sum(0).astype(bool), events[-1].decided)
+  for e in events:  # one event per forward, each committing something in a live row
+    assert e.new.any(), (method, e.step)
+  assert len(events) == int(fused.nfe)
+
+
+def test_stream_lists_every_method():
+  assert set(streaming._STREAMERS) == set(api.METHODS)
+
+
+# ----------------------------------------------------------------------------- vocabulary
+
+def test_every_block_method_calls_it_block_length():
+  for method in api.METHODS:
+    names = api.option_names(method)
+    assert "gen_length" in names and "temperature" in names and "on_nonfinite" in names
+    assert "block_size" not in names
+    assert ("block_length" in names) == (method != "ar"), method
+
+
+@pytest.mark.parametrize("method", ["d2f", "block_diffusion", "llada", "fast_dllm"])
+def test_old_block_size_spelling_says_use_block_length(method):
+  with pytest.raises(ValueError, match="block_size.*block_length"):
+    api.generate(None, get_preset("tiny"), [[5, 6]], method=method, gen_length=8, block_size=4)
+  with pytest.raises(ValueError, match="block_size.*block_length"):
+    next(streaming.stream(None, get_preset("tiny"), [[5, 6]], method=method, block_size=4))
+  if method in ("d2f", "block_diffusion"):
+    fn = api.resolve(method)
+    with pytest.raises(ValueError, match="block_size.*pass block_length"):
+      fn(None, get_preset("tiny"), *base.pad_prompts([[5, 6]], 0), gen_length=8, block_size=4)
+
+
+@pytest.mark.parametrize("method", list(RUNS))
+def test_shared_defaults_and_one_window_check(method):
+  """Defaults: gen_length 128 and block_length 32 everywhere; the one window check names
+  the largest gen_length that fits (a multiple of block_length)."""
+  fix = (r"pass gen_length=122 or less\." if method == "ar" else
+         r"pass gen_length=120 or less \(a multiple of block_length=8\)")
+  with pytest.raises(ValueError, match=r"\(6\) \+ gen_length \(128\).*max_seq_len=128.*" + fix):
+    api.generate(None, get_preset("tiny"), [[5] * 6], method=method,
+                 **({} if method == "ar" else {"block_length": 8}))
+  if method != "ar":  # the default block_length 32
+    with pytest.raises(ValueError, match=r"pass gen_length=96 or less"):
+      api.generate(None, get_preset("tiny"), [[5] * 6], method=method)
+
+
+def test_block_length_defaults_to_32_capped_at_gen_length():
+  assert llada.LLaDAOptions(gen_length=64).block_length == 32
+  assert llada.LLaDAOptions(gen_length=16).block_length == 16
+  assert fast_dllm.FastDLLMOptions(gen_length=16).block_length == 16
+  cfg = get_preset("tiny")
+  assert d2f.d2f_options(cfg, gen_length=64).spec.block_size == 32
+  opts = d2f.block_diffusion_options(cfg, gen_length=16)
+  assert opts.spec.block_size == 16 and opts.spec.steps_per_block == 16
+
+
+# ----------------------------------------------------------------------------- NaN options
+
+NAN_OPTIONS = {
+    "ar": ["temperature", "top_p"],
+    "llada": ["temperature", "alg_temp", "cfg_scale"],
+    "dream": ["temperature", "alg_temp", "cfg_scale"],
+    "fast_dllm": ["temperature", "threshold", "factor"],
+    "d2f": ["temperature", "tau_add", "tau_act", "tau_conf"],
+    "block_diffusion": ["temperature"],
+}
+INF_OPTIONS = {
+    "ar": ["temperature"], "llada": ["temperature", "alg_temp", "cfg_scale"],
+    "dream": ["alg_temp"], "fast_dllm": ["temperature", "factor"],
+    "d2f": ["temperature", "tau_add", "tau_act"], "block_diffusion": ["temperature"],
+}
+
+
+@pytest.mark.parametrize("method,option", [(m, o) for m, os in NAN_OPTIONS.items() for o in os])
+def test_nan_option_is_a_named_error(method, option):
+  with pytest.raises(ValueError, match=f"{option}=nan is not a finite number"):
+    api.generate(None, get_preset("tiny"), [[5, 6]], method=method, gen_length=8,
+                 **{option: float("nan")})
+
+
+@pytest.mark.parametrize("method,option", [(m, o) for m, os in INF_OPTIONS.items() for o in os])
+def test_meaningless_inf_option_is_a_named_error(method, option):
+  with pytest.raises(ValueError, match=f"{option}=inf"):
+    api.generate(None, get_preset("tiny"), [[5, 6]], method=method, gen_length=8,
+                 **{option: float("inf")})
+
+
+# ----------------------------------------------------------------------------- traced knobs
+
+SWEEPS = {  # method -> (fixed options, {traced option: >= 3 values})
+    "ar": (dict(gen_length=6),
+           {"temperature": [0.0, 0.5, 1.3], "top_k": [0, 3, 10], "top_p": [1.0, 0.9, 0.5]}),
+    "llada": (dict(gen_length=8, block_length=4, steps=4, cfg_scale=0.5),
+              {"temperature": [0.0, 0.5, 1.3], "alg_temp": [0.0, 0.3, 1.0],
+               "cfg_scale": [0.5, 1.0, 2.0]}),
+    "dream": (dict(gen_length=8, block_length=4, steps=4),
+              {"temperature": [0.0, 0.5, 1.3], "alg_temp": [0.0, 0.3, 1.0]}),
+    "fast_dllm": (dict(gen_length=8, block_length=4),
+                  {"threshold": [0.9, 0.5, 0.1, 2.0], "temperature": [0.0, 0.5, 1.3]}),
+    "fast_dllm_factor": (dict(gen_length=8, block_length=4, rule="factor"),
+                         {"factor": [1.0, 0.5, 3.0]}),
+    "d2f": (dict(gen_length=8, block_length=4),
+            {"tau_conf": [0.9, 0.5, 0.1], "tau_add": [0.1, 0.5, 1.0],
+             "tau_act": [0.95, 0.5, 0.0], "temperature": [0.0, 0.5, 1.3]}),
+    "block_diffusion": (dict(gen_length=8, block_length=4),
+                        {"temperature": [0.0, 0.5, 1.3]}),
+}
+_JITTED = {"ar": ar._generate, "llada": llada._generate, "dream": llada._generate,
+           "fast_dllm": fast_dllm._generate, "d2f": d2f.decode, "block_diffusion": d2f.decode}
+
+
+@pytest.mark.parametrize("name", list(SWEEPS))
+def test_sweeping_traced_options_compiles_once(model, name):
+  cfg, params = model
+  cfg = cfg.replace(max_seq_len=120)  # a config no other test compiles for
+  method = name.removesuffix("_factor")
+  fixed, sweeps = SWEEPS[name]
+  jitted = _JITTED[method]
+  rng = jax.random.key(1)
+  api.generate(params, cfg, PROMPTS, method=method, rng=rng, **fixed)
+  compiled = jitted._cache_size()
+  for option, values in sweeps.items():
+    outs = [api.generate(params, cfg, PROMPTS, method=method, rng=rng,
+                         **{**fixed, option: v}) for v in values]
+    assert jitted._cache_size() == compiled, f"{option} recompiled"
+    if option in ("temperature", "threshold", "tau_conf"):  # the knob really reaches the loop
+      assert len({np.asarray(o.tokens).tobytes() + np.asarray(o.nfe).tobytes()
+                  for o in outs}) > 1, option
+
+
+def test_traced_temperature_zero_is_exactly_greedy(model):
+  """At a traced temperature of 0 every method's first choice is the logits' argmax."""
+  cfg, params = model
+  out = api.generate(params, cfg, PROMPTS, method="ar", gen_length=1, temperature=0.0)
+  tokens, valid = base.pad_prompts(PROMPTS, 0)
+  from dllm_jax.models import forward, masks
+  pos = masks.left_pad_positions(valid)
+  logits = forward(params, cfg, tokens, positions=pos, valid=valid)[:, -1]
+  logits = logits.at[:, cfg.mask_token_id].set(-jnp.inf)
+  np.testing.assert_array_equal(out.tokens[:, 0], np.argmax(np.asarray(logits), -1))
+
+
+# ----------------------------------------------------------------------------- non-finite
+
+def _nan_params(params):
+  q = params["layers"]["attn"]["q"]["kernel"]
+  return jax.tree_util.tree_map(lambda x: x, {
+      **params, "layers": {**params["layers"], "attn": {
+          **params["layers"]["attn"], "q": {**params["layers"]["attn"]["q"],
+                                            "kernel": q.at[0, 0, 0].set(jnp.nan)}}}})
+
+
+@pytest.mark.parametrize("method", list(RUNS))
+def test_nonfinite_logits_raise_a_named_error_or_flag_the_rows(model, method):
+  cfg, params = model
+  bad = _nan_params(params)
+  with pytest.raises(decoding.NonFiniteLogitsError, match=r"row\(s\) \[0, 1, 2\]"):
+    api.generate(bad, cfg, PROMPTS, method=method, **RUNS[method])
+  out = api.generate(bad, cfg, PROMPTS, method=method, on_nonfinite="flag", **RUNS[method])
+  np.testing.assert_array_equal(out.finite, False)
+  np.testing.assert_array_equal(out.lengths, 0)
+  np.testing.assert_array_equal(out.tokens, base.output_pad_id(cfg))
+  with pytest.raises(decoding.NonFiniteLogitsError):
+    list(streaming.stream(bad, cfg, PROMPTS, method=method, **RUNS[method]))
+  good = api.generate(params, cfg, PROMPTS, method=method, **RUNS[method])
+  np.testing.assert_array_equal(good.finite, True)
+
+
+def test_bad_on_nonfinite_value():
+  with pytest.raises(ValueError, match="on_nonfinite"):
+    api.generate(None, get_preset("tiny"), [[5]], method="llada", on_nonfinite="ignore")
+
+
+# ----------------------------------------------------------------------------- invariance
+
+FOUR = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [20, 21, 22, 23]]
+INVARIANCE = {
+    "ar": dict(gen_length=8),
+    "llada": dict(gen_length=16, block_length=8, steps=8),
+    "dream": dict(gen_length=16, block_length=8, steps=8),
+    "dream_margin": dict(gen_length=16, block_length=8, steps=8, remasking="topk_margin"),
+    "fast_dllm": dict(gen_length=16, block_length=8, threshold=0.5, cache="dual"),
+    "d2f": dict(gen_length=16, block_length=4, tau_add=0.5, tau_act=0.5, tau_conf=0.7),
+    "d2f_entropy": dict(gen_length=16, block_length=4, remasking="entropy", tau_conf=2.0),
+    "block_diffusion": dict(gen_length=16, block_length=4, steps_per_block=2,
+                            remasking="entropy"),
+}
+
+
+@pytest.mark.parametrize("name", list(INVARIANCE))
+def test_a_row_alone_equals_the_row_in_a_batch_of_four(init_model, name):
+  """On the near-uniform init model, confidences nearly tie; ranking on a grid with
+  lowest-slot ties gives a row the same tokens alone and in a batch."""
+  cfg, params = init_model
+  method = name if name in api.METHODS else name.rsplit("_", 1)[0]
+  many = np.asarray(api.generate(params, cfg, FOUR, method=method, **INVARIANCE[name]).tokens)
+  for i, prompt in enumerate(FOUR):
+    one = api.generate(params, cfg, [prompt], method=method, **INVARIANCE[name])
+    np.testing.assert_array_equal(np.asarray(one.tokens)[0], many[i], err_msg=f"row {i}")
+
+
+def test_rank_scores_break_near_ties_by_slot():
+  scores = jnp.asarray([[0.5, 0.5 + 1e-6, 0.2, 0.5 - 1e-6]])
+  np.testing.assert_array_equal(
+      decoding.sampling.top_k_mask(scores, jnp.asarray([2])), [[True, True, False, False]])
+  np.testing.assert_array_equal(decoding.sampling.best_mask(scores[:, ::-1], scores > 0),
+                                [[True, False, False, False]])
+
+
+# ----------------------------------------------------------------------------- placement
+
+def test_params_already_on_the_mesh_are_not_copied(model, monkeypatch):
+  cfg, params = model
+  mesh = mesh_lib.make_mesh({"data": 1})
+  placed = base.place_params(params, cfg, mesh, mesh_lib.DEFAULT_RULES)
+  again = base.place_params(placed, cfg, mesh, mesh_lib.DEFAULT_RULES)
+  for a, b in zip(jax.tree_util.tree_leaves(placed), jax.tree_util.tree_leaves(again)):
+    assert a is b
+  seen = []
+  real = jax.device_put
+  monkeypatch.setattr(jax, "device_put", lambda x, *a, **k: (seen.append(x), real(x, *a, **k))[1])
+  for method in ("fast_dllm", "d2f"):
+    out = api.generate(placed, cfg, PROMPTS, method=method, mesh=mesh, **RUNS[method])
+    ref = api.generate(params, cfg, PROMPTS, method=method, **RUNS[method])
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+  leaves = {id(x) for x in jax.tree_util.tree_leaves(placed)}
+  for x in seen:
+    assert not any(id(leaf) in leaves for leaf in jax.tree_util.tree_leaves(x)), \
+        "already placed params were put again"
