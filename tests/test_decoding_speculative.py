@@ -55,7 +55,9 @@ def random_models():
 
 # ----------------------------------------------------------------------------- greedy
 
-@pytest.mark.parametrize("kind", speculative.DRAFTERS)
+@pytest.mark.parametrize("kind", [
+    pytest.param("ar", marks=pytest.mark.slow), "d2f",
+    pytest.param("block_diffusion", marks=pytest.mark.slow)])
 def test_greedy_equals_ar_on_random_models(random_models, kind):
   target, stranger = random_models
   tokens, valid = batch_of(PROMPTS)
@@ -89,6 +91,7 @@ def test_unrelated_drafter_rejects_and_still_matches(random_models):
                                 np.asarray(out.committed) - np.asarray(st.accepted))
 
 
+@pytest.mark.slow
 def test_one_row_alone_equals_its_batched_row(random_models):
   target, stranger = random_models
   tokens, valid = batch_of(PROMPTS)
@@ -99,7 +102,7 @@ def test_one_row_alone_equals_its_batched_row(random_models):
     np.testing.assert_array_equal(np.asarray(alone.tokens[0]), np.asarray(batched.tokens[r]))
 
 
-@pytest.mark.parametrize("k", [1, K])
+@pytest.mark.parametrize("k", [1, pytest.param(K, marks=pytest.mark.slow)])
 def test_selfspec_greedy_equals_ar_on_random_model(random_models, k):
   target, _ = random_models
   tokens, valid = batch_of(PROMPTS)
