@@ -152,8 +152,8 @@ def train(name, steps, seed, **options):
 @pytest.fixture(scope="module")
 def trained():
   """A selfspec-trained target (also an AR model) and a block-diffusion drafter."""
-  target, target_loss = train("selfspec", 300, 0, block_size=K + 1)
-  drafter, _ = train("block_diffusion", 300, 1, block_size=K + 1, sft=True)
+  target, target_loss = train("selfspec", 200, 0, block_size=K + 1)
+  drafter, _ = train("block_diffusion", 200, 1, block_size=K + 1, sft=True)
   return target, drafter, target_loss
 
 
