@@ -245,3 +245,54 @@ def test_make_objective_errors(params):
   with pytest.raises(ValueError, match="dtype"):
     make_objective("ar", CFG)(params, dict(make_batch(), valid=np.ones((B, L), np.int32)),
                               jax.random.key(0))
+
+
+def test_selfspec_loss_is_ar_plus_a_truncated_prefix_block(params):
+  """The draft term equals, per row, a forward of only the clean prefix before the cut plus
+  K masks (hiding the suffix as padding changes nothing), and draft_weight=0 is ar_loss."""
+  from dllm_jax.models.transformer import Transformer
+  batch = make_batch(sft=True)
+  rng = jax.random.key(3)
+  loss, metrics = make_objective("selfspec", CFG, block_size=K)(params, batch, rng)
+  ar, _ = make_objective("ar", CFG)(params, batch, rng)
+  ar_only, _ = make_objective("selfspec", CFG, block_size=K, draft_weight=0.0)(params, batch,
+                                                                            rng)
+  np.testing.assert_allclose(float(ar_only), float(ar), rtol=1e-6)
+  np.testing.assert_allclose(float(metrics["ar_ce"]), float(ar), rtol=1e-6)
+
+  u = np.asarray(jax.random.uniform(jax.random.split(rng, 3)[1], (B,)))
+  ces, hits = [], []
+  for r in range(B):
+    valid = batch["valid"][r]
+    lo = max(P, int(np.argmax(valid)) + 1)           # the answer starts at P in make_batch
+    cut = min(lo + int(np.floor(u[r] * (L - lo))), L - 1)
+    keep = np.arange(L)[valid & (np.arange(L) < cut)]
+    pos = batch["positions"][r]
+    tokens = np.concatenate([batch["tokens"][r, keep], np.full(K, CFG.mask_token_id)])
+    positions = np.concatenate([pos[keep], pos[cut - 1] + 1 + np.arange(K)])
+    ids = np.concatenate([pos[keep], np.full(K, 10_000)])
+    logits = Transformer(CFG).apply({"params": params}, jnp.asarray(tokens[None], jnp.int32),
+                                    block_ids=jnp.asarray(ids[None], jnp.int32),
+                                    positions=jnp.asarray(positions[None], jnp.int32))
+    block = np.asarray(logits[0, len(keep):])
+    for i in range(K):
+      j = cut + i
+      if j < L and batch["loss_mask"][r, j] and valid[j]:
+        ces.append(np_ce(block[i], batch["tokens"][r, j]))
+        hits.append(float(np.argmax(block[i]) == batch["tokens"][r, j]))
+  assert ces, "the cut left no trained block slot"
+  np.testing.assert_allclose(float(metrics["draft_ce"]), np.mean(ces), rtol=2e-5)
+  np.testing.assert_allclose(float(metrics["draft_accuracy"]), np.mean(hits), rtol=1e-6)
+  np.testing.assert_allclose(float(loss), float(ar) + np.mean(ces), rtol=2e-5)
+  assert int(metrics["draft_tokens"]) == len(ces)
+
+
+def test_selfspec_objective_errors():
+  with pytest.raises(ValueError, match="shift_logits"):
+    make_objective("selfspec", CFG.replace(shift_logits=True))
+  with pytest.raises(ValueError, match="draft_weight"):
+    make_objective("selfspec", CFG, draft_weight=-1.0)
+  with pytest.raises(ValueError, match="mask_token_id"):
+    make_objective("selfspec", CFG.replace(mask_token_id=None))
+  with pytest.raises(ValueError, match="block_size"):
+    make_objective("selfspec", CFG, block_size=0)

@@ -11,6 +11,8 @@ scalars.
   block_diffusion  one t per answer block, block-causal attention over the noisy canvas
   d2f              D2F: block-causal student distils the bidirectional teacher on the same
                    noisy canvas, per-block monotone mask ratios
+  selfspec         TiDAR-style: causal AR loss + a fully masked block that sees a clean causal
+                   prefix (one network drafts and verifies, decoding/selfspec.py)
 
 Batch: see layout.py (tokens, valid, prompt_mask, loss_mask, positions; all [B, L]).
 """
@@ -222,11 +224,75 @@ def d2f_loss(params, batch: Mapping, rng: jax.Array, *, cfg: ModelConfig, teache
   return loss, metrics
 
 
+def selfspec_loss(params, batch: Mapping, rng: jax.Array, *, cfg: ModelConfig,
+                  block_size: int = 4, draft_weight: float = 1.0, train: bool = True):
+  """Self-speculative (TiDAR-style) joint objective: AR loss + drafting a masked block.
+
+  Two forwards of the same network:
+    1. `ar_loss` on the clean sequence (causal, ids = positions).
+    2. Per row a cut s is drawn uniformly in [max(answer start, 1), L): the clean tokens
+       before s (causal ids = positions; tokens from s on are hidden as padding) followed by
+       `block_size` [MASK] slots at positions pos(s - 1) + 1 + i, all with one shared id
+       above every clean id. The block sees the clean prefix and itself, nothing sees it:
+       exactly the mask block `selfspec_generate` appends after the verified prefix. CE of
+       slot i against token s + i, on tokens that are trainable (SFT: answer + its EOS
+       padding; past L: none), mean over those.
+  The block is fully masked, as at decoding time (TiDAR trains its draft block this way).
+  (One forward cannot hold both: with the key_id <= query_id rule, a block that sees only
+  the prefix before s is seen by every clean token after s.)
+
+  loss = ar + draft_weight * draft. Metrics: ar_ce, ar_accuracy, draft_ce, draft_accuracy
+  (block slot 0, the bonus position, included), draft_tokens.
+  """
+  b, l = layout.check_batch(batch)
+  _check_block_size(block_size, cfg)
+  mask_id = _mask_id(cfg)
+  if cfg.shift_logits:
+    raise ValueError("selfspec_loss trains an unshifted model (output i predicts token "
+                     "i + 1 on clean slots); got shift_logits=True.")
+  if l + block_size > cfg.max_seq_len:
+    raise ValueError(f"selfspec_loss forwards L + block_size = {l + block_size} tokens, more "
+                     f"than max_seq_len={cfg.max_seq_len}; lower block_size or the canvas.")
+  k_ar, k_cut, k_drop = jax.random.split(rng, 3)
+  ar, ar_metrics = ar_loss(params, batch, k_ar, cfg=cfg, train=train)
+  tokens = jnp.asarray(batch["tokens"])
+  valid = jnp.asarray(batch["valid"])
+  positions = jnp.asarray(batch["positions"]).astype(jnp.int32)
+  first_valid = jnp.argmax(valid, axis=1).astype(jnp.int32)
+  lo = jnp.maximum(layout.answer_start(batch), first_valid + 1)  # a non-empty clean prefix
+  cut = lo + jnp.floor(jax.random.uniform(k_cut, (b,)) * (l - lo)).astype(jnp.int32)
+  cut = jnp.minimum(cut, l - 1)                                                 # [B]
+  idx = jnp.arange(l, dtype=jnp.int32)[None]
+  prefix_valid = valid & (idx < cut[:, None])
+  slot = cut[:, None] + jnp.arange(block_size, dtype=jnp.int32)[None]         # [B, K]
+  inside = slot < l
+  at = jnp.minimum(slot, l - 1)
+  targets = jnp.take_along_axis(tokens, at, axis=1)
+  trained = inside & jnp.take_along_axis(corruption.trainable_positions(batch, sft=False),
+                                         at, axis=1)
+  start = jnp.take_along_axis(positions, (cut - 1)[:, None], axis=1) + 1          # [B, 1]
+  block_pos = start + jnp.arange(block_size, dtype=jnp.int32)[None]
+  block_id = jnp.max(positions, axis=1, keepdims=True) + 1
+  all_tokens = jnp.concatenate([tokens, jnp.full((b, block_size), mask_id, tokens.dtype)], 1)
+  forward_batch = {"positions": jnp.concatenate([positions, block_pos], 1),
+                   "valid": jnp.concatenate([prefix_valid, jnp.ones((b, block_size), bool)], 1)}
+  ids = jnp.concatenate([positions, jnp.broadcast_to(block_id, (b, block_size))], 1)
+  logits = model_logits(params, cfg, all_tokens, forward_batch, ids, k_drop,
+                        train=train)[:, l:]
+  draft = losses.masked_mean(losses.token_ce(logits, targets), trained)
+  hit = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  metrics = {"ar_ce": ar, "ar_accuracy": ar_metrics["accuracy"], "draft_ce": draft,
+             "draft_accuracy": losses.masked_mean(hit, trained),
+             "draft_tokens": jnp.sum(trained.astype(jnp.float32))}
+  return ar + draft_weight * draft, metrics
+
+
 OBJECTIVES: dict[str, Callable] = {
     "ar": ar_loss,
     "mdm": mdm_loss,
     "block_diffusion": block_diffusion_loss,
     "d2f": d2f_loss,
+    "selfspec": selfspec_loss,
 }
 
 
@@ -243,7 +309,8 @@ def make_objective(name: str, model_cfg: ModelConfig, **options) -> Callable:
   """Returns `fn(params, batch, rng) -> (loss, metrics)` for a named objective.
 
   Names: "ar", "mdm", "block_diffusion" (needs block_size), "d2f" (needs teacher_params
-  unless model_cfg has LoRA adapters, whose adapters-off model is then the teacher). Option
+  unless model_cfg has LoRA adapters, whose adapters-off model is then the teacher),
+  "selfspec" (block_size: mask slots drafted, draft_weight). Option
   names and values are checked here, before anything is traced. A teacher tree passed here
   is closed over (a constant under jit); for large teachers call d2f_loss inside your own
   jitted step with the teacher as an argument.
@@ -265,6 +332,11 @@ def make_objective(name: str, model_cfg: ModelConfig, **options) -> Callable:
     _check_eps(options["eps"])
   if "block_size" in options:
     _check_block_size(options["block_size"], model_cfg)
+  if name == "selfspec":
+    if model_cfg.shift_logits:
+      raise ValueError("Objective 'selfspec' trains an unshifted model; got shift_logits=True.")
+    if not float(options.get("draft_weight", 1.0)) >= 0.0:
+      raise ValueError(f"draft_weight must be >= 0, got {options['draft_weight']}.")
   if "normalization" in options:
     _normalization(options["normalization"], options.get("sft", False))
   if name == "d2f":

@@ -6,7 +6,7 @@
 
   model      preset + an optional override for every `ModelConfig` field (None = preset's)
   data       task mixture (`TaskSuite.parse` syntax), tokenizer, record counts, layout
-  objective  name ("ar", "mdm", "block_diffusion", "d2f") + its options
+  objective  name ("ar", "mdm", "block_diffusion", "d2f", "selfspec") + its options
   opt        schedule, AdamW, clipping, gradient accumulation, trainable subset
   train      steps, global batch, seeds, eval / checkpoint / log cadence, init checkpoint
   mesh       mesh shape {data, fsdp, tensor} and logical-axis rules
@@ -25,7 +25,7 @@ from ml_collections import config_dict
 from dllm_jax.models.config import ModelConfig, get_preset
 from dllm_jax.parallel import mesh as mesh_lib
 
-OBJECTIVES = ("ar", "mdm", "block_diffusion", "d2f")
+OBJECTIVES = ("ar", "mdm", "block_diffusion", "d2f", "selfspec")
 TOKENIZERS = ("char", "byte")  # or a path to a tokenizer.json
 # Keys that may change between a run and its resumption (everything else must match). A new
 # train.steps also stretches the schedule unless opt.decay_steps is set.

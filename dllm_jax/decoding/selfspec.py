@@ -1,0 +1,264 @@
+"""Self-speculative decoding with one network (TiDAR-style): each forward verifies the previous
+draft causally AND drafts the next block by diffusion.
+
+Shape legend: B batch, P padded prompt length, G gen_length, k draft_length, V vocab.
+
+The network is trained by `diffusion.objectives.selfspec_loss`: a causal AR loss, plus a
+block of masks that sees a clean causal prefix. Attention is the id rule of models/masks.py
+(a query sees a key iff key_id <= query_id): clean tokens carry ids = positions (causal); the
+mask block carries one shared id one above the last clean token's, so it sees the whole
+prefix and itself, and no clean token sees it (the verification is unchanged by it).
+
+Each forward (one loop round) carries, per row:
+
+    [ x  d_1 .. d_k | m_0 m_1 .. m_k ]      x: the last committed token (not yet cached)
+      clean, causal   masks, one id          d: the draft of the previous round (if any)
+
+  * the clean slots verify: slot j predicts the token after it (p_1 .. p_k, bonus p_{k+1});
+    `speculative.verify` accepts a drafts and adds the target's token, as in speculative
+    decoding with the same network as target;
+  * the mask block sits right after the last valid clean slot. m_0 lands on the position the
+    last clean slot predicts (the bonus), m_1 .. m_k on the k positions after it: their
+    greedy proposals are the next draft, conditioned on the full draft being accepted. So the
+    next round has a draft iff this round accepted every draft offered (a round without a
+    draft offers 0 and always does); otherwise the next round verifies nothing and drafts
+    afresh (it still commits the target's token).
+
+The first forward carries `prompt ++ m_0 .. m_k` (no separate prefill): it commits the AR
+token after the prompt and drafts the k after it. Only the clean slots are written to the
+K/V cache (exact causal K/V); rejected drafts are truncated away (`kv_cache.truncate`).
+
+Exactness: the committed tokens are the network's own AR choices over the committed prefix,
+so at temperature 0 the output equals `ar_generate` on the same params (tests check this on
+random and trained models); at temperature > 0 the draft is deterministic given the prefix,
+q is a point mass, and the rule (accept with p(d), else resample from p without d) makes the
+output distributed exactly as AR sampling. NFE: one forward per round (`nfe == steps`);
+tokens per forward = committed / rounds (`SelfSpecStats`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_jax.decoding import base
+from dllm_jax.decoding import speculative as spec
+from dllm_jax.models import kv_cache as kvc
+from dllm_jax.models import masks
+from dllm_jax.models.config import ModelConfig
+from dllm_jax.models.transformer import Transformer, project
+
+Array = jnp.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfSpecOptions:
+  """Static options (hashable: a jit static argument).
+
+  Attributes:
+    gen_length: G, the most tokens generated per row.
+    draft_length: k, tokens drafted per forward (the mask block has k + 1 slots; train with
+      selfspec_loss's block_size >= k + 1).
+    temperature, top_k, top_p: sampling, as in `ar_generate`.
+    early_stop: exit once every row is done.
+  """
+  gen_length: int = 128
+  draft_length: int = 3
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  early_stop: bool = True
+
+  def __post_init__(self):
+    if not isinstance(self.gen_length, (int, np.integer)) or self.gen_length <= 0:
+      raise ValueError(f"gen_length must be a positive int, got {self.gen_length!r}.")
+    k = self.draft_length
+    if not isinstance(k, (int, np.integer)) or not 1 <= k <= self.gen_length:
+      raise ValueError(f"draft_length must be an int in [1, gen_length={self.gen_length}], "
+                       f"got {k!r}.")
+    if self.temperature < 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0 (0 keeps all tokens), got {self.top_k}.")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+
+
+@flax.struct.dataclass
+class SelfSpecStats:
+  """forwards: [] batched forwards; rounds, drafted, accepted: [B] rounds a row was live,
+  drafts it verified, drafts it accepted."""
+  forwards: Array
+  rounds: Array
+  drafted: Array
+  accepted: Array
+
+
+@flax.struct.dataclass
+class SelfSpecState:
+  """Loop carry. response [B, G]; draft [B, k]; n, prompt_len, has_draft, done, stats [B].
+  The cache holds prompt + response[:n - 1]."""
+  response: Array
+  n: Array
+  prompt_len: Array
+  cache: kvc.KVCache
+  draft: Array
+  has_draft: Array
+  done: Array
+  rounds: Array
+  drafted: Array
+  accepted: Array
+  step: Array
+  rng: Array
+
+
+def _forward(params, cfg: ModelConfig, clean, mask_start, cache, k: int):
+  """One forward of clean slots (tokens, positions, valid) plus k + 1 masks after position
+  `mask_start - 1` ([B]). Returns (clean logits [B, T, V], mask-slot logits [B, k + 1, V],
+  cache with every clean slot written)."""
+  tokens, positions, valid = clean
+  b, t = tokens.shape
+  mpos = mask_start[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
+  hidden, cache = Transformer(cfg).apply(
+      {"params": params},
+      jnp.concatenate([tokens, jnp.full((b, k + 1), cfg.mask_token_id, jnp.int32)], 1),
+      block_ids=jnp.concatenate([positions, jnp.broadcast_to(mask_start[:, None], mpos.shape)],
+                                1),
+      positions=jnp.concatenate([positions, mpos], 1),
+      valid=jnp.concatenate([valid, jnp.ones((b, k + 1), bool)], 1), cache=cache,
+      write_len=t, head=False)
+  return hidden[:, :t], project(params, cfg, hidden[:, t:]), cache
+
+
+def _round(params, cfg, opts, state: SelfSpecState, hidden, mask_logits, cache, cache_len0,
+           n_drafts, keys):
+  """Acceptance, commit, rollback and the next draft from one forward's outputs."""
+  k = opts.draft_length
+  logits = project(params, cfg, hidden)
+  choice, accepted = spec.verify(logits, state.draft, n_drafts, keys,
+                                 temperature=opts.temperature, top_k=opts.top_k,
+                                 top_p=opts.top_p, forbid_ids=(cfg.mask_token_id,))
+  live = ~state.done
+  accepted = jnp.where(live, accepted, 0)
+  response, count, done = spec.commit(cfg, state.response, state.n, state.done, choice,
+                                      accepted)
+  cache = kvc.truncate(cache, jnp.where(live, cache_len0 + accepted, cache_len0))
+  draft = spec.greedy(mask_logits[:, 1:], (cfg.mask_token_id,))
+  return state.replace(
+      response=response, n=state.n + count, cache=cache,
+      draft=jnp.where(live[:, None], draft, state.draft),
+      has_draft=jnp.where(live, accepted == n_drafts, state.has_draft), done=done,
+      rounds=state.rounds + live.astype(jnp.int32), drafted=state.drafted + n_drafts,
+      accepted=state.accepted + accepted, step=state.step + 1)
+
+
+def _init(params, prompt, valid, rng, *, cfg: ModelConfig, opts: SelfSpecOptions):
+  b, p = prompt.shape
+  g, k = opts.gen_length, opts.draft_length
+  prompt_len = valid.sum(-1, dtype=jnp.int32)
+  positions = masks.left_pad_positions(valid)
+  cache = kvc.init_cache(cfg, b, _capacity(p, opts))
+  hidden, mask_logits, cache = _forward(params, cfg, (prompt.astype(jnp.int32), positions,
+                                                       valid), prompt_len, cache, k)
+  zeros = jnp.zeros((b,), jnp.int32)
+  state = SelfSpecState(
+      response=jnp.full((b, g), base.output_pad_id(cfg), jnp.int32), n=zeros,
+      prompt_len=prompt_len, cache=cache, draft=jnp.zeros((b, k), jnp.int32),
+      has_draft=jnp.zeros((b,), bool), done=jnp.zeros((b,), bool), rounds=zeros,
+      drafted=zeros, accepted=zeros, step=jnp.zeros((), jnp.int32), rng=rng)
+  # Verify "no draft": slot 0 (the prompt's last token) gives the first token.
+  slots = jnp.full((b, k + 1), p - 1, jnp.int32)
+  return _round(params, cfg, opts, state, jnp.take_along_axis(hidden, slots[..., None], 1),
+                mask_logits, cache, jnp.full((b,), p, jnp.int32), zeros,
+                spec.row_keys(rng, 0, 1, b))
+
+
+def _step(params, state: SelfSpecState, *, cfg: ModelConfig, opts: SelfSpecOptions):
+  b, g = state.response.shape
+  k = opts.draft_length
+  live = ~state.done
+  last_idx = jnp.maximum(state.n - 1, 0)
+  last = jnp.take_along_axis(state.response, last_idx[:, None], axis=1)[:, 0]
+  last_pos = state.prompt_len + last_idx
+  n_drafts = jnp.where(live & state.has_draft, k, 0)
+  positions = last_pos[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
+  valid = (jnp.arange(k + 1)[None] <= n_drafts[:, None]) & live[:, None]
+  tokens = jnp.concatenate([last[:, None], state.draft], 1)
+  cache_len0 = state.cache.length
+  hidden, mask_logits, cache = _forward(params, cfg, (tokens, positions, valid),
+                                        last_pos + n_drafts + 1, state.cache, k)
+  return _round(params, cfg, opts, state, hidden, mask_logits, cache, cache_len0 + 1, n_drafts,
+                spec.row_keys(state.rng, state.step, 1, b))
+
+
+def _capacity(p: int, opts: SelfSpecOptions) -> int:
+  """Cache slots: P + G, or the widest forward (2k + 2 slots) if larger."""
+  return max(p + opts.gen_length, 2 * opts.draft_length + 2)
+
+
+def output(cfg: ModelConfig, opts: SelfSpecOptions, state: SelfSpecState):
+  """(base.DecodeOutput, SelfSpecStats) of a finished state."""
+  decided = jnp.arange(opts.gen_length)[None, :] < state.n[:, None]
+  tokens, lengths, _ = base.finalize(state.response, decided, base.stop_ids(cfg),
+                                     base.output_pad_id(cfg))
+  out = base.DecodeOutput(tokens=tokens, lengths=lengths, nfe=state.step, steps=state.step,
+                          committed=state.n, done=state.done)
+  return out, SelfSpecStats(forwards=state.step, rounds=state.rounds, drafted=state.drafted,
+                            accepted=state.accepted)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "opts"))
+def _generate(params, prompt, valid, rng, *, cfg, opts):
+  state = _init(params, prompt, valid, rng, cfg=cfg, opts=opts)
+  more = lambda s: (s.step < opts.gen_length) & (~jnp.all(s.done) | (not opts.early_stop))
+  state = jax.lax.while_loop(more, functools.partial(_step, params, cfg=cfg, opts=opts), state)
+  return output(cfg, opts, state)
+
+
+def check_model(cfg: ModelConfig) -> None:
+  """Raises ValueError unless `cfg` can run self-speculative decoding."""
+  if cfg.mask_token_id is None:
+    raise ValueError(f"model config {cfg.name!r} has no mask_token_id; self-speculative "
+                     "decoding drafts with a block of [MASK] slots.")
+  if cfg.shift_logits:
+    raise ValueError("self-speculative decoding needs an unshifted model (output i "
+                     "predicts token i + 1, as selfspec_loss trains); got shift_logits=True.")
+
+
+def selfspec_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
+                      gen_length: int, draft_length: int = 3, temperature: float = 0.0,
+                      top_k: int = 0, top_p: float = 1.0, early_stop: bool = True,
+                      return_stats: bool = False):
+  """Self-speculative (TiDAR-style) decoding of a left-padded prompt batch.
+
+  Args:
+    params, cfg: one network trained with `selfspec_loss` (causal AR + masked block drafts).
+    prompt_tokens, prompt_valid: [B, P] left-padded prompts; valid None means no padding.
+    rng: PRNG key (temperature > 0; default key 0).
+    gen_length: G. draft_length: k drafted tokens per forward (1 <= k <= G).
+    temperature, top_k, top_p: sampling as in `ar_generate`; greedy output equals
+      `ar_generate(params, cfg, ...)`, sampled output is distributed as AR sampling.
+    early_stop: leave the loop once every row is done.
+    return_stats: also return `SelfSpecStats` (forwards, per-row rounds / drafts / accepts).
+  Returns:
+    base.DecodeOutput (nfe = steps = forwards), and the stats when return_stats.
+  """
+  opts = base.make_options(SelfSpecOptions, dict(
+      gen_length=gen_length, draft_length=draft_length, temperature=temperature, top_k=top_k,
+      top_p=top_p, early_stop=early_stop))
+  check_model(cfg)
+  base.check_prompts(cfg, prompt_tokens, prompt_valid, gen_length, needs_mask=True)
+  p = np.shape(prompt_tokens)[1]
+  if _capacity(p, opts) > cfg.max_seq_len:
+    raise ValueError(f"a self-speculative forward carries 2 * draft_length + 2 = "
+                     f"{2 * draft_length + 2} slots, more than max_seq_len={cfg.max_seq_len}; "
+                     "lower draft_length.")
+  rng = jax.random.key(0) if rng is None else rng
+  tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
+  out, stats = _generate(params, tokens, valid, rng, cfg=cfg, opts=opts)
+  return (out, stats) if return_stats else out

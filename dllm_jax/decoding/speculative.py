@@ -1,0 +1,587 @@
+"""Speculative decoding: a drafter proposes k tokens, an AR target verifies them in one forward.
+
+Shape legend: B batch, P padded prompt length, G gen_length, k draft_length, V vocab,
+D model width.
+
+Each round (one iteration of one jitted `lax.while_loop`, every row its own cursor `n`):
+
+  1. The drafter proposes k tokens after the accepted prefix:
+     - "ar": a small causal LM, k cached one-token forwards (its first forward also feeds the
+       last accepted token, and the one before it when the previous round accepted all k);
+     - "d2f" / "block_diffusion": a block-causal diffusion LM (mask id required) forwards the
+       accepted-but-uncached tokens plus a block of k masks over its exact K/V cache and fills
+       the block in `draft_steps` parallel forwards (d2f default 1; block_diffusion default k,
+       one most-confident token per forward, BD3's semi-AR schedule). Its layout: prompt id 0
+       (as trained), response token j id 1 + j (a clean causal context, so its cached K/V is
+       final the moment it is written), and the mask block one shared id 1 + n (it sees the
+       whole prefix and itself; nothing sees it; it is never cached).
+  2. The AR target runs ONE causal forward over its cache on `[last, d_1 .. d_k]` (k + 1
+     slots; the first round forwards `prompt ++ d_1 .. d_k`, so there is no separate prefill):
+     slot j predicts the token after it, i.e. p_1 .. p_k for the drafts and p_{k+1} (bonus).
+  3. `verify` accepts a prefix of a drafts and adds one target token (correction or bonus):
+     each round commits a + 1 tokens, so the loop runs at most G rounds.
+  4. Rollback: both caches are written for the whole chunk, then truncated
+     (`kv_cache.truncate`) to the accepted prefix, which both resets the per-row length and
+     hides the rejected slots (their ids become NO_KEY) until they are overwritten.
+
+Acceptance rule (what is exact):
+  * temperature 0: accept the longest prefix with d_j == argmax p_j, then argmax p_{a+1}.
+    The committed tokens are the target's greedy choices, so the output equals
+    `ar_generate(target)` token for token (up to float rounding between a one-token and a
+    (k + 1)-token forward, which the tests check on random and trained models).
+  * temperature > 0 (Leviathan et al. 2023, Chen et al. 2023): accept d_j with probability
+    min(1, p_j(d_j) / q_j(d_j)); at the first rejection sample from norm(max(0, p_j - q_j));
+    after a full accept sample the bonus from p_{k+1}. p is the target's distribution exactly
+    as `ar_generate` samples it (temperature, top_k, top_p, [MASK] forbidden), so outputs are
+    distributed exactly as AR sampling. q for the AR drafter is its own filtered distribution
+    at the same settings (its drafts are sampled from it). A diffusion drafter drafts
+    deterministically (greedy proposals, a deterministic commit order): given the prefix its
+    draft is a fixed token, so q_j is the point mass at d_j; the rule then accepts with
+    probability p_j(d_j) and resamples from p_j with d_j removed, which is exact.
+
+NFE: `nfe = target_forwards + drafter_forwards` (batched calls, each counted once).
+Per round: 1 target forward; k drafter forwards ("ar"); `draft_steps` ("d2f",
+"block_diffusion"). With `return_stats=True` a `SpecStats` reports them separately, plus per
+row the rounds it was live, drafts offered and drafts accepted:
+tokens per target forward = committed / rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_jax.decoding import base
+from dllm_jax.models import kv_cache as kvc
+from dllm_jax.models import masks
+from dllm_jax.models.config import ModelConfig
+from dllm_jax.models.transformer import Transformer, project
+
+Array = jnp.ndarray
+DRAFTERS = ("ar", "d2f", "block_diffusion")
+NEG_INF = -jnp.inf
+
+
+class VocabMismatchError(ValueError):
+  """The drafter and the target do not share a tokenizer (vocabulary or special ids)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecOptions:
+  """Static options (hashable: a jit static argument).
+
+  Attributes:
+    gen_length: G, the most tokens generated per row.
+    drafter: "ar", "d2f" or "block_diffusion" (see the module docstring).
+    draft_length: k, tokens drafted and verified per round (1 <= k <= G).
+    draft_steps: forwards a diffusion drafter spends on a block (1..k; 0 = its default:
+      1 for "d2f", k for "block_diffusion"); must be 0 for "ar".
+    temperature, top_k, top_p: the target's sampling, as in `ar_generate`.
+    early_stop: exit once every row is done.
+  """
+  gen_length: int = 128
+  drafter: str = "d2f"
+  draft_length: int = 4
+  draft_steps: int = 0
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  early_stop: bool = True
+
+  def __post_init__(self):
+    if not isinstance(self.gen_length, (int, np.integer)) or self.gen_length <= 0:
+      raise ValueError(f"gen_length must be a positive int, got {self.gen_length!r}.")
+    if self.drafter not in DRAFTERS:
+      raise ValueError(f"Unknown drafter {self.drafter!r}; use one of {DRAFTERS}.")
+    k = self.draft_length
+    if not isinstance(k, (int, np.integer)) or not 1 <= k <= self.gen_length:
+      raise ValueError(f"draft_length must be an int in [1, gen_length={self.gen_length}], "
+                       f"got {k!r}.")
+    if self.drafter == "ar" and self.draft_steps:
+      raise ValueError("draft_steps applies to diffusion drafters only; an AR drafter "
+                       "always spends draft_length forwards. Leave draft_steps=0.")
+    if not 0 <= self.draft_steps <= k:
+      raise ValueError(f"draft_steps={self.draft_steps} must lie in [1, draft_length={k}] "
+                       "(or 0 for the drafter's default).")
+    if self.temperature < 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0 (0 keeps all tokens), got {self.top_k}.")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+
+  @property
+  def steps(self) -> int:
+    """Drafter forwards per block of a diffusion drafter."""
+    if self.draft_steps:
+      return self.draft_steps
+    return 1 if self.drafter == "d2f" else self.draft_length
+
+
+@flax.struct.dataclass
+class SpecStats:
+  """Forward counts and acceptance. target_forwards, drafter_forwards: [] batched calls;
+  rounds, drafted, accepted: [B] rounds a row was live, drafts verified, drafts accepted."""
+  target_forwards: Array
+  drafter_forwards: Array
+  rounds: Array
+  drafted: Array
+  accepted: Array
+
+
+@flax.struct.dataclass
+class SpecState:
+  """Loop carry. response [B, G]; n (committed), prompt_len, pending, done, stats [B].
+
+  The target cache holds prompt + response[:n - 1] (the last committed token is fed next
+  round). The AR drafter's cache holds the same, minus response[n - 2] when `pending` (the
+  previous round accepted all k drafts, the last of which it never fed); a diffusion
+  drafter's cache may lag further (it catches up in its next forward).
+  """
+  response: Array
+  n: Array
+  prompt_len: Array
+  tcache: kvc.KVCache
+  dcache: kvc.KVCache
+  pending: Array
+  done: Array
+  rounds: Array
+  drafted: Array
+  accepted: Array
+  step: Array
+  target_forwards: Array
+  drafter_forwards: Array
+  rng: Array
+
+
+# ----------------------------------------------------------------------------- acceptance
+
+def _filtered(logits: Array, temperature: float, top_k: int, top_p: float,
+              forbid_ids) -> Array:
+  """Logits of the distribution `ar_generate` samples ([..., V]); greedy: the argmax's."""
+  ids = [i for i in forbid_ids if i is not None]
+  if ids:
+    logits = logits.at[..., jnp.asarray(sorted(set(ids)))].set(NEG_INF)
+  if temperature == 0.0:
+    return logits
+  if top_k and top_k < logits.shape[-1]:
+    kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, NEG_INF, logits)
+  if top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    cutoff_idx = jnp.sum(jnp.cumsum(probs, axis=-1) - probs < top_p, axis=-1, keepdims=True) - 1
+    cutoff = jnp.take_along_axis(sorted_logits, cutoff_idx, axis=-1)
+    logits = jnp.where(logits < cutoff, NEG_INF, logits)
+  return logits / temperature
+
+
+def probabilities(logits: Array, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                  forbid_ids=()) -> Array:
+  """[..., V] logits -> the sampling distribution of `ar_generate` (float32, temperature > 0)."""
+  return jax.nn.softmax(_filtered(logits.astype(jnp.float32), temperature, top_k, top_p,
+                                  forbid_ids), axis=-1)
+
+
+def greedy(logits: Array, forbid_ids=()) -> Array:
+  """[..., V] -> [...] argmax with `forbid_ids` excluded (first index on ties, like AR)."""
+  return jnp.argmax(_filtered(logits, 0.0, 0, 1.0, forbid_ids), axis=-1).astype(jnp.int32)
+
+
+def _leading(ok: Array) -> Array:
+  """[B, k] bool -> [B] length of the all-True prefix."""
+  return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=-1), axis=-1).astype(jnp.int32)
+
+
+def verify(logits: Array, drafts: Array, n_drafts: Array, keys: Array, *,
+           temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, forbid_ids=(),
+           draft_probs: Array | None = None):
+  """The speculative acceptance rule (see the module docstring).
+
+  Args:
+    logits: [B, k + 1, V] target logits; slot j predicts the token after draft j (slot 0:
+      after the last accepted token; slot k: the bonus).
+    drafts: [B, k] drafted tokens; only the first n_drafts[b] are checked.
+    n_drafts: [B] int, drafts offered per row (k, or 0 for a row without a draft).
+    keys: [B] PRNG keys (temperature > 0).
+    draft_probs: [B, k, V] the drafter's distribution q each draft was sampled from; None
+      means a deterministic draft (q = point mass at the draft).
+  Returns ([B, k + 1] tokens: the first `accepted + 1` are committed, [B] accepted drafts).
+  """
+  k = drafts.shape[1]
+  live = jnp.arange(k)[None, :] < n_drafts[:, None]
+  if temperature == 0.0:
+    choice = greedy(logits, forbid_ids)
+    return choice, _leading((drafts == choice[:, :k]) & live)
+  p = probabilities(logits, temperature, top_k, top_p, forbid_ids)          # [B, k+1, V]
+  q = (jax.nn.one_hot(drafts, p.shape[-1], dtype=p.dtype) if draft_probs is None
+       else draft_probs.astype(p.dtype))                                     # [B, k, V]
+  pick = lambda a, t: jnp.take_along_axis(a, t[..., None], axis=-1)[..., 0]
+  p_d, q_d = pick(p[:, :k], drafts), pick(q, drafts)
+
+  def row(key, p_row, q_row, p_d_row, q_d_row, live_row, drafts_row):
+    k_acc, k_res = jax.random.split(key)
+    u = jax.random.uniform(k_acc, (k,), jnp.float32)
+    ok = (u * q_d_row < p_d_row) & live_row          # u < p/q without dividing by q
+    a = _leading(ok[None])[0]
+    residual = jnp.maximum(p_row[:k] - q_row, 0.0)
+    rejected = a < jnp.sum(live_row)
+    dist = jnp.where(rejected, residual[jnp.minimum(a, k - 1)], p_row[a])
+    dist = jnp.where(jnp.sum(dist) > 0, dist, p_row[a])  # p == q exactly: never rejected
+    token = jax.random.categorical(k_res, jnp.log(dist)).astype(jnp.int32)
+    out = jnp.concatenate([drafts_row, drafts_row[-1:]])
+    return jnp.where(jnp.arange(k + 1) == a, token, out), a
+
+  return jax.vmap(row)(keys, p, q, p_d, q_d, live, drafts)
+
+
+def row_keys(rng: Array, step, tag: int, batch: int) -> Array:
+  """[B] keys fold_in(fold_in(fold_in(rng, step), tag), row): a row's randomness depends
+  only on its own index, so batching never changes it."""
+  key = jax.random.fold_in(jax.random.fold_in(rng, step), tag)
+  return jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(batch))
+
+
+def commit(cfg: ModelConfig, response: Array, n: Array, done: Array, tokens: Array,
+           accepted: Array):
+  """Writes each live row's `accepted + 1` tokens at response[n:], cut at G and after the
+  first stop token. Returns (response, [B] tokens committed, [B] new done)."""
+  b, g = response.shape
+  j = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]
+  is_stop = jnp.zeros(tokens.shape, bool)
+  for s in base.stop_ids(cfg):
+    is_stop = is_stop | (tokens == s)
+  is_stop = is_stop & (j <= accepted[:, None])
+  first_stop = jnp.where(jnp.any(is_stop, 1), jnp.argmax(is_stop, 1), tokens.shape[1])
+  count = jnp.minimum(jnp.minimum(accepted + 1, first_stop + 1), g - n)
+  count = jnp.where(done, 0, count)
+  slots = jnp.where(j < count[:, None], n[:, None] + j, g)
+  rows = jnp.broadcast_to(jnp.arange(b)[:, None], slots.shape)
+  response = response.at[rows, slots].set(tokens, mode="drop")
+  stopped = first_stop < count
+  return response, count, done | stopped | (n + count >= g)
+
+
+# ----------------------------------------------------------------------------- checks
+
+def check_pair(target_cfg: ModelConfig, drafter_cfg: ModelConfig) -> None:
+  """Raises VocabMismatchError unless both models read the same token ids."""
+  if target_cfg.vocab_size != drafter_cfg.vocab_size:
+    raise VocabMismatchError(
+        f"the drafter's vocabulary ({drafter_cfg.vocab_size} ids) differs from the target's "
+        f"({target_cfg.vocab_size}); speculative decoding needs a drafter that shares the "
+        "target's tokenizer.")
+  for name in ("eos_token_id", "eot_token_id"):
+    if getattr(target_cfg, name) != getattr(drafter_cfg, name):
+      raise VocabMismatchError(
+          f"drafter {name}={getattr(drafter_cfg, name)} differs from the target's "
+          f"{getattr(target_cfg, name)}; the two models do not share a tokenizer.")
+
+
+def _unshifted(cfg: ModelConfig) -> ModelConfig:
+  """Causal chunks: the raw output at slot t predicts t + 1 (Dream's shift only re-indexes)."""
+  return cfg.replace(shift_logits=False) if cfg.shift_logits else cfg
+
+
+# ----------------------------------------------------------------------------- drafters
+
+def _ar_draft(dparams, cfg: ModelConfig, opts: SpecOptions, forbid, first_chunk, cache,
+              next_pos, keys):
+  """k drafts from a causal drafter: one forward on `first_chunk`, then k - 1 single tokens.
+
+  first_chunk: (tokens [B, T], positions [B, T], valid [B, T], write_len [B], out_slot [B]):
+  out_slot is the slot whose logits predict draft 1. next_pos [B]: position of draft 1.
+  Returns ([B, k] drafts, [B, k, V] q or None, cache).
+  """
+  model = Transformer(_unshifted(cfg))
+  tokens, positions, valid, write_len, out_slot = first_chunk
+  hidden, cache = model.apply({"params": dparams}, tokens, block_ids=positions,
+                              positions=positions, valid=valid, cache=cache,
+                              write_len=write_len, head=False)
+  logits = project(dparams, cfg, hidden, out_slot[:, None])[:, 0]
+
+  def choose(logits, i):
+    if opts.temperature == 0.0:
+      return greedy(logits, forbid), None
+    q = probabilities(logits, opts.temperature, opts.top_k, opts.top_p, forbid)
+    d = jax.vmap(lambda kk, qq: jax.random.categorical(jax.random.fold_in(kk, i), jnp.log(qq)))(
+        keys, q).astype(jnp.int32)
+    return d, q
+
+  first, q0 = choose(logits, 0)
+
+  def one(carry, i):
+    cache, token = carry
+    pos = (next_pos + i - 1)[:, None]
+    lg, cache = model.apply({"params": dparams}, token[:, None], block_ids=pos, positions=pos,
+                            cache=cache, write_len=1)
+    d, q = choose(lg[:, 0], i)
+    return (cache, d), (d, q)
+
+  if opts.draft_length == 1:
+    drafts, qs = first[:, None], (None if q0 is None else q0[:, None])
+    return drafts, qs, cache
+  (cache, _), (rest, rest_q) = jax.lax.scan(one, (cache, first),
+                                            jnp.arange(1, opts.draft_length))
+  drafts = jnp.concatenate([first[:, None], rest.T], axis=1)
+  qs = None if q0 is None else jnp.concatenate([q0[:, None], rest_q.transpose(1, 0, 2)], 1)
+  return drafts, qs, cache
+
+
+def _diffusion_draft(dparams, cfg: ModelConfig, opts: SpecOptions, forbid, context, cache,
+                     block_id, block_pos):
+  """k drafts from a block-causal diffusion drafter in `opts.steps` forwards.
+
+  context: (tokens [B, T], ids [B, T], positions [B, T], valid [B, T], write_len [B],
+  last_slot [B]) clean tokens forwarded (and written) in front of the block; last_slot is the
+  last valid one (shifted-logits models read the prediction for block slot 0 there).
+  block_id [B]: the block's shared id; block_pos [B]: position of block slot 0.
+  Returns ([B, k] drafts, cache with the context written).
+  """
+  k, steps, mask_id = opts.draft_length, opts.steps, cfg.mask_token_id
+  tokens, ids, positions, valid, write_len, last_slot = context
+  t = tokens.shape[1]
+  b = tokens.shape[0]
+  bids = jnp.broadcast_to(block_id[:, None], (b, k)).astype(jnp.int32)
+  bpos = block_pos[:, None] + jnp.arange(k, dtype=jnp.int32)[None]
+  model = Transformer(cfg)
+  hidden, cache = model.apply(
+      {"params": dparams}, jnp.concatenate([tokens, jnp.full((b, k), mask_id, jnp.int32)], 1),
+      block_ids=jnp.concatenate([ids, bids], 1), positions=jnp.concatenate([positions, bpos], 1),
+      valid=jnp.concatenate([valid, jnp.ones((b, k), bool)], 1), cache=cache,
+      write_len=write_len, head=False)
+  before = hidden[jnp.arange(b), last_slot][:, None]                        # [B, 1, D]
+
+  def block_logits(block_hidden):  # [B, k, D] -> [B, k, V]: the prediction for each slot
+    if cfg.shift_logits:
+      block_hidden = jnp.concatenate([before, block_hidden[:, :-1]], axis=1)
+    return project(dparams, cfg, block_hidden)
+
+  block = jnp.full((b, k), mask_id, jnp.int32)
+  decided = jnp.zeros((b, k), bool)
+  logits = block_logits(hidden[:, t:])
+  for i in range(steps):
+    if i:
+      h = model.apply({"params": dparams}, block, block_ids=bids, positions=bpos, cache=cache,
+                      write_len=0, head=False)[0]
+      logits = block_logits(h)
+    x0 = greedy(logits, forbid)
+    conf = jnp.max(jax.nn.softmax(_filtered(logits, 0.0, 0, 1.0, forbid), -1), -1)
+    count = k // steps + (i < k % steps)
+    score = jnp.where(decided, NEG_INF, conf)
+    ranks = jnp.argsort(jnp.argsort(-score, axis=-1, stable=True), axis=-1)
+    chosen = (ranks < count) & ~decided if i < steps - 1 else ~decided
+    block = jnp.where(chosen, x0, block)
+    decided = decided | chosen
+  return block, cache
+
+
+# ----------------------------------------------------------------------------- the loop
+
+def _forbid(tcfg: ModelConfig, dcfg: ModelConfig):
+  return tuple(sorted({i for i in (tcfg.mask_token_id, dcfg.mask_token_id) if i is not None}))
+
+
+def _verify_and_commit(tparams, tcfg, opts, state: SpecState, chunk, out_from, drafts, q,
+                       keys, tcache):
+  """Target forward on `chunk` (tokens, positions, valid), acceptance, commit, stats."""
+  tokens, positions, valid = chunk
+  k = opts.draft_length
+  hidden, tcache = Transformer(_unshifted(tcfg)).apply(
+      {"params": tparams}, tokens, block_ids=positions, positions=positions, valid=valid,
+      cache=tcache, head=False)
+  logits = project(tparams, tcfg, hidden[:, out_from:out_from + k + 1])
+  live = ~state.done
+  n_drafts = jnp.where(live, k, 0)
+  choice, accepted = verify(logits, drafts, n_drafts, keys, temperature=opts.temperature,
+                            top_k=opts.top_k, top_p=opts.top_p,
+                            forbid_ids=(tcfg.mask_token_id,), draft_probs=q)
+  response, count, done = commit(tcfg, state.response, state.n, state.done, choice, accepted)
+  return tcache, accepted, response, count, done
+
+
+def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions) -> SpecState:
+  b, p = prompt.shape
+  g, k = opts.gen_length, opts.draft_length
+  prompt = prompt.astype(jnp.int32)
+  prompt_len = valid.sum(-1, dtype=jnp.int32)
+  ppos = masks.left_pad_positions(valid)
+  forbid = _forbid(tcfg, dcfg)
+  tcache = kvc.init_cache(tcfg, b, p + g)
+  dcache = kvc.init_cache(dcfg, b, _drafter_capacity(p, opts))
+  write_p = jnp.full((b,), p, jnp.int32)
+  if opts.drafter == "ar":
+    first = (prompt, ppos, valid, write_p, jnp.full((b,), p - 1, jnp.int32))
+    drafts, q, dcache = _ar_draft(dparams, dcfg, opts, forbid, first, dcache, prompt_len,
+                                  row_keys(rng, 0, 0, b))
+    d_forwards = k
+  else:
+    context = (prompt, jnp.zeros_like(prompt), ppos, valid, write_p,
+               jnp.full((b,), p - 1, jnp.int32))
+    drafts, dcache = _diffusion_draft(dparams, dcfg, opts, forbid, context, dcache,
+                                      jnp.ones((b,), jnp.int32), prompt_len)
+    q, d_forwards = None, opts.steps
+  chunk = (jnp.concatenate([prompt, drafts], 1),
+           jnp.concatenate([ppos, prompt_len[:, None] + jnp.arange(k, dtype=jnp.int32)], 1),
+           jnp.concatenate([valid, jnp.ones((b, k), bool)], 1))
+  zeros = jnp.zeros((b,), jnp.int32)
+  state = SpecState(
+      response=jnp.full((b, g), base.output_pad_id(tcfg), jnp.int32), n=zeros,
+      prompt_len=prompt_len, tcache=tcache, dcache=dcache, pending=jnp.zeros((b,), bool),
+      done=jnp.zeros((b,), bool), rounds=zeros, drafted=zeros, accepted=zeros,
+      step=jnp.zeros((), jnp.int32), target_forwards=jnp.zeros((), jnp.int32),
+      drafter_forwards=jnp.zeros((), jnp.int32), rng=rng)
+  tcache, accepted, response, count, done = _verify_and_commit(
+      tparams, tcfg, opts, state, chunk, p - 1, drafts, q, row_keys(rng, 0, 1, b), tcache)
+  d_len = (jnp.full((b,), p, jnp.int32) + jnp.minimum(accepted, k - 1)
+           if opts.drafter == "ar" else dcache.length)
+  return state.replace(
+      response=response, n=count, tcache=kvc.truncate(tcache, p + accepted),
+      dcache=kvc.truncate(dcache, d_len), pending=(accepted == k) & (opts.drafter == "ar"),
+      done=done, rounds=jnp.ones((b,), jnp.int32), drafted=jnp.full((b,), k, jnp.int32),
+      accepted=accepted, step=jnp.ones((), jnp.int32), target_forwards=jnp.ones((), jnp.int32),
+      drafter_forwards=jnp.asarray(d_forwards, jnp.int32))
+
+
+def _drafter_capacity(p: int, opts: SpecOptions) -> int:
+  """Slots of the drafter's cache: P + G, or a diffusion drafter's widest chunk if larger."""
+  width = 2 * opts.draft_length + 1 if opts.drafter != "ar" else 2
+  return max(p + opts.gen_length, width)
+
+
+def _step(tparams, dparams, state: SpecState, *, tcfg, dcfg, opts: SpecOptions) -> SpecState:
+  b, g = state.response.shape
+  k = opts.draft_length
+  forbid = _forbid(tcfg, dcfg)
+  live = ~state.done
+  n = jnp.maximum(state.n, 1)
+  last_idx = n - 1
+  take = lambda idx: jnp.take_along_axis(state.response, jnp.clip(idx, 0, g - 1), axis=1)
+  last = take(last_idx[:, None])[:, 0]
+  last_pos = state.prompt_len + last_idx
+  d0 = state.dcache.length
+  if opts.drafter == "ar":
+    prev = take((last_idx - 1)[:, None])[:, 0]
+    pend = state.pending & live
+    tokens = jnp.where(pend[:, None], jnp.stack([prev, last], 1), jnp.stack([last, last], 1))
+    positions = jnp.where(pend[:, None], jnp.stack([last_pos - 1, last_pos], 1),
+                          jnp.stack([last_pos, last_pos], 1))
+    valid = jnp.stack([jnp.ones((b,), bool), pend], 1)
+    write = 1 + pend.astype(jnp.int32)
+    first = (tokens, positions, valid, write, pend.astype(jnp.int32))
+    drafts, q, dcache = _ar_draft(dparams, dcfg, opts, forbid, first, state.dcache,
+                                  last_pos + 1, row_keys(state.rng, state.step, 0, b))
+    d_forwards = k
+  else:
+    p = state.tcache.capacity - g
+    cached = d0 - p                                              # response tokens in dcache
+    j = cached[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
+    valid = (j < state.n[:, None]) & live[:, None]
+    write = jnp.where(live, state.n - cached, 0)
+    context = (take(j), 1 + j, state.prompt_len[:, None] + j, valid, write,
+               jnp.maximum(write - 1, 0))
+    drafts, dcache = _diffusion_draft(dparams, dcfg, opts, forbid, context, state.dcache,
+                                      1 + state.n, state.prompt_len + state.n)
+    q, d_forwards = None, opts.steps
+  chunk_pos = last_pos[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
+  chunk = (jnp.concatenate([last[:, None], drafts], 1), chunk_pos,
+           jnp.broadcast_to(live[:, None], (b, k + 1)))
+  t0 = state.tcache.length
+  tcache, accepted, response, count, done = _verify_and_commit(
+      tparams, tcfg, opts, state, chunk, 0, drafts, q,
+      row_keys(state.rng, state.step, 1, b), state.tcache)
+  accepted = jnp.where(live, accepted, 0)
+  tcache = kvc.truncate(tcache, jnp.where(live, t0 + accepted + 1, t0))
+  if opts.drafter == "ar":
+    d_len = jnp.where(live, d0 + write + jnp.minimum(accepted, k - 1), d0)
+    pending = jnp.where(live, accepted == k, state.pending)
+  else:
+    d_len, pending = dcache.length, state.pending
+  return state.replace(
+      response=response, n=state.n + count, tcache=tcache, dcache=kvc.truncate(dcache, d_len),
+      pending=pending, done=done, rounds=state.rounds + live.astype(jnp.int32),
+      drafted=state.drafted + jnp.where(live, k, 0), accepted=state.accepted + accepted,
+      step=state.step + 1, target_forwards=state.target_forwards + 1,
+      drafter_forwards=state.drafter_forwards + d_forwards)
+
+
+def _running(opts: SpecOptions, state: SpecState) -> Array:
+  more = state.step < opts.gen_length
+  return more & ~jnp.all(state.done) if opts.early_stop else more
+
+
+def output(cfg: ModelConfig, opts: SpecOptions, state: SpecState):
+  """(base.DecodeOutput, SpecStats) of a finished state."""
+  decided = jnp.arange(opts.gen_length)[None, :] < state.n[:, None]
+  tokens, lengths, _ = base.finalize(state.response, decided, base.stop_ids(cfg),
+                                     base.output_pad_id(cfg))
+  out = base.DecodeOutput(tokens=tokens, lengths=lengths,
+                          nfe=state.target_forwards + state.drafter_forwards, steps=state.step,
+                          committed=state.n, done=state.done)
+  stats = SpecStats(target_forwards=state.target_forwards,
+                    drafter_forwards=state.drafter_forwards, rounds=state.rounds,
+                    drafted=state.drafted, accepted=state.accepted)
+  return out, stats
+
+
+@functools.partial(jax.jit, static_argnames=("tcfg", "dcfg", "opts"))
+def _generate(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts):
+  kw = dict(tcfg=tcfg, dcfg=dcfg, opts=opts)
+  state = _init(tparams, dparams, prompt, valid, rng, **kw)
+  state = jax.lax.while_loop(functools.partial(_running, opts),
+                             functools.partial(_step, tparams, dparams, **kw), state)
+  return output(tcfg, opts, state)
+
+
+def speculative_generate(target_params, target_cfg: ModelConfig, prompt_tokens,
+                         prompt_valid=None, rng=None, *, drafter_params,
+                         drafter_cfg: ModelConfig, drafter: str = "d2f", gen_length: int,
+                         draft_length: int = 4, draft_steps: int = 0,
+                         temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                         early_stop: bool = True, return_stats: bool = False):
+  """Speculative decoding of a left-padded prompt batch: drafter proposes, AR target verifies.
+
+  Args:
+    target_params, target_cfg: the AR (causal) target model.
+    prompt_tokens, prompt_valid: [B, P] left-padded prompts (`base.pad_prompts`); valid None
+      means no padding.
+    rng: PRNG key (temperature > 0; default key 0).
+    drafter_params, drafter_cfg: the drafter; it must share the target's tokenizer
+      (VocabMismatchError otherwise). Diffusion drafters need a mask_token_id.
+    drafter: "ar" (small causal LM), "d2f" or "block_diffusion" (block-causal diffusion LM).
+    gen_length: G. draft_length: k tokens drafted per round, 1 <= k <= G.
+    draft_steps: forwards per drafted block for diffusion drafters (0: 1 for "d2f", k for
+      "block_diffusion").
+    temperature, top_k, top_p: the target's sampling (as `ar_generate`); the output is
+      distributed exactly as AR sampling, and equals AR greedy at temperature 0.
+    early_stop: leave the loop once every row is done (the loop never runs past that either
+      way: every round of a live row commits at least one token).
+    return_stats: also return a `SpecStats` (target / drafter forwards, per-row acceptance).
+  Returns:
+    base.DecodeOutput (nfe = target + drafter forwards; steps = rounds), and the SpecStats
+    when return_stats.
+  """
+  opts = base.make_options(SpecOptions, dict(
+      gen_length=gen_length, drafter=drafter, draft_length=draft_length,
+      draft_steps=draft_steps, temperature=temperature, top_k=top_k, top_p=top_p,
+      early_stop=early_stop))
+  check_pair(target_cfg, drafter_cfg)
+  diffusion = drafter != "ar"
+  base.check_prompts(target_cfg, prompt_tokens, prompt_valid, gen_length, needs_mask=False)
+  base.check_prompts(drafter_cfg, prompt_tokens, prompt_valid, gen_length,
+                     needs_mask=diffusion)
+  p = np.shape(prompt_tokens)[1]
+  if _drafter_capacity(p, opts) > drafter_cfg.max_seq_len:
+    raise ValueError(f"a diffusion drafter forwards 2 * draft_length + 1 = "
+                     f"{2 * draft_length + 1} slots, more than its window max_seq_len="
+                     f"{drafter_cfg.max_seq_len}; lower draft_length.")
+  rng = jax.random.key(0) if rng is None else rng
+  tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
+  out, stats = _generate(target_params, drafter_params, tokens, valid, rng, tcfg=target_cfg,
+                         dcfg=drafter_cfg, opts=opts)
+  return (out, stats) if return_stats else out
