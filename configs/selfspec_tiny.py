@@ -30,6 +30,6 @@ def get_config():
   c.train.eval_every = 500
   c.train.ckpt_every = 500
 
-  c.decode.method = "ar"         # greedy; selfspec_generate gives the same tokens
+  c.decode.method = "ar"         # greedy AR; method "selfspec" gives the same tokens
   c.decode.eval_examples = 256
   return config_lib.finalize(c)

@@ -56,6 +56,10 @@ METHODS: dict[str, Method] = {
     # Imported when first used, so this module works before/without them.
     "d2f": Method("dllm_jax.decoding.d2f", "d2f_generate"),
     "block_diffusion": Method("dllm_jax.decoding.d2f", "block_diffusion_generate"),
+    # Hybrids: a drafter (AR, D2F or block diffusion) verified by an AR target, and one
+    # network that verifies causally and drafts by diffusion in the same forward.
+    "speculative": Method("dllm_jax.decoding.speculative", "speculative_generate"),
+    "selfspec": Method("dllm_jax.decoding.selfspec", "selfspec_generate"),
 }
 
 
@@ -94,7 +98,7 @@ def option_names(method: str) -> list[str]:
 
 # Keywords `generate` owns itself (placement), that would change its return type, or that
 # only exist to reject an old spelling.
-_NOT_OPTIONS = ("mesh", "rules", "return_state", "block_size")
+_NOT_OPTIONS = ("mesh", "rules", "return_state", "return_stats", "block_size")
 # Old option names -> the shared name (rejected with a message naming the new one).
 RENAMED = {"block_size": "block_length"}
 
