@@ -1,0 +1,158 @@
+"""The built-in demo: tiny arithmetic models the package trains itself on first use, then caches.
+
+    root = demo.ensure()              # trains on first use (about a minute), then cached
+    demo.model_dir("d2f", root)       # the training workdir that serves a decoding method
+
+Nothing is downloaded and nothing binary is committed: the package's own trainer
+(`training.trainer.train`) fits two ~0.1M-parameter networks on the synthetic two-digit
+addition task (`data.tasks`, "37+48=" -> "85"), with the character tokenizer and fixed seeds:
+
+  ar/         causal next-token objective                        --method ar
+  diffusion/  block diffusion: 4-token blocks over the 8-slot    every diffusion method: d2f
+              answer canvas, block-causal attention              and block_diffusion decode it
+                                                                 block-causally, as trained;
+                                                                 llada / dream / fast_dllm
+                                                                 decode it bidirectionally
+
+AR decoding needs a causal model, so the AR model is its own network. One masked-diffusion
+network serves the five diffusion decoders: the block-causal one that D2F and block diffusion
+need (a bidirectional MDM decoded block-causally fails), whose bidirectional reading is close
+enough on this task (`tests/test_demo.py` measures every method's accuracy).
+
+Each model is an ordinary training workdir (config.json + checkpoints/), loadable with
+`Sampler.load(path)` like any run. The cache is `$DLLM_JAX_CACHE/demo` (default
+`~/.cache/dllm_jax/demo`), one subdirectory per recipe fingerprint, so a changed recipe trains
+afresh. A build trains into a private temporary directory beside the target and renames it
+into place only when every model has finished: an interrupted build leaves no half model (its
+temporary directory is removed, or ignored and swept by the next build).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from dllm_jax.training import config as config_lib
+
+CACHE_ENV = "DLLM_JAX_CACHE"
+ORDER = ("ar", "diffusion")
+BLOCK = 4
+_PARTIAL = ".partial-"
+
+
+def model_for(method: str) -> str:
+  """The demo model ("ar" or "diffusion") that decodes with `method`."""
+  return "ar" if method == "ar" else "diffusion"
+
+
+def training_config(name: str):
+  """The training config of demo model `name`: a small network on two-digit addition."""
+  c = config_lib.tiny_arithmetic_config()  # char tokenizer, 8-slot answer canvas, block 4
+  c.model.d_model, c.model.n_layers, c.model.mlp_dim = 64, 2, 256
+  c.model.n_heads, c.model.n_kv_heads = 4, 4
+  c.data.train_size = 20_000
+  c.opt.lr = 1e-2
+  c.opt.warmup_steps = 50
+  c.opt.weight_decay = 0.1
+  c.train.batch_size = 64
+  c.train.log_every = 10_000     # quiet: one line at the end
+  c.train.eval_every = 0         # the final eval only
+  c.train.eval_batches = 1
+  c.train.ckpt_every = 0         # one checkpoint, at the end
+  c.train.keep = 1
+  c.train.async_checkpoints = False
+  c.decode.eval_examples = 0
+  if name == "ar":
+    c.objective.name = "ar"
+    c.train.steps = 800
+    c.decode.method = "ar"
+  elif name == "diffusion":
+    c.objective.name = "block_diffusion"
+    c.objective.options = {"block_size": BLOCK, "sft": True}
+    c.train.steps = 1200
+    c.decode.method = "block_diffusion"
+  else:
+    raise ValueError(f"unknown demo model {name!r}; the demo has {ORDER}.")
+  return config_lib.finalize(c)
+
+
+def recipe() -> dict:
+  """Every training config of the demo, as JSON-able dicts (what the cache is keyed by)."""
+  return {name: json.loads(config_lib.to_json(training_config(name))) for name in ORDER}
+
+
+def cache_root() -> Path:
+  root = os.environ.get(CACHE_ENV)
+  return Path(root).expanduser() if root else Path.home() / ".cache" / "dllm_jax"
+
+
+def demo_dir(root: Path | None = None) -> Path:
+  """Where the demo of the current recipe lives (built or not)."""
+  digest = hashlib.sha256(json.dumps(recipe(), sort_keys=True).encode()).hexdigest()[:12]
+  return (cache_root() if root is None else Path(root)) / "demo" / digest
+
+
+def is_built(path: Path) -> bool:
+  return (path / "recipe.json").is_file() and all((path / n).is_dir() for n in ORDER)
+
+
+def model_dir(method: str, root: Path | None = None) -> Path:
+  """The workdir of the model that decodes with `method`."""
+  return (demo_dir() if root is None else Path(root)) / model_for(method)
+
+
+def _stderr(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+def ensure(root: Path | None = None, *, log: Callable[[str], None] = _stderr) -> Path:
+  """The built demo directory, training it first if the cache lacks it."""
+  target = demo_dir(root)
+  if is_built(target):
+    return target
+  from dllm_jax.training import trainer
+  target.parent.mkdir(parents=True, exist_ok=True)
+  for stale in target.parent.glob(f".{target.name}{_PARTIAL}*"):  # left by a killed build
+    if not _owned_by_live_process(stale):
+      shutil.rmtree(stale, ignore_errors=True)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}{_PARTIAL}{os.getpid()}-",
+                              dir=target.parent))
+  log(f"[demo] first use: training the demo models into {target} (about a minute on 2 CPU "
+      "cores; cached afterwards)")
+  try:
+    for name in ORDER:
+      with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the answers
+        final = trainer.train(training_config(name), tmp / name)
+      log(f"[demo] {name}: eval accuracy {final.get('eval/accuracy', float('nan')):.3f}")
+    (tmp / "recipe.json").write_text(json.dumps(recipe(), indent=1, sort_keys=True))
+    try:
+      os.rename(tmp, target)
+    except OSError:  # another process finished the same build first: use theirs
+      if not is_built(target):
+        raise
+      shutil.rmtree(tmp, ignore_errors=True)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return target
+
+
+def _owned_by_live_process(path: Path) -> bool:
+  """Whether a partial build directory belongs to a process that is still running."""
+  pid = path.name.split(_PARTIAL, 1)[-1].split("-", 1)[0]
+  if not pid.isdigit():
+    return False
+  try:
+    os.kill(int(pid), 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
