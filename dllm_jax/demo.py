@@ -42,18 +42,32 @@ from pathlib import Path
 from dllm_jax.training import config as config_lib
 
 CACHE_ENV = "DLLM_JAX_CACHE"
-ORDER = ("ar", "diffusion")
+ORDER = ("ar", "block_diffusion", "mdm")  # the diffusion models start from the AR one
 BLOCK = 4
 _PARTIAL = ".partial-"
 
 
+# Which model decodes with each method: the attention pattern it was trained with.
+MODEL_FOR = {"ar": "ar", "d2f": "block_diffusion", "block_diffusion": "block_diffusion",
+             "llada": "mdm", "dream": "mdm", "fast_dllm": "mdm"}
+STEPS = {"ar": 800, "block_diffusion": 300, "mdm": 300}
+
+
 def model_for(method: str) -> str:
-  """The demo model ("ar" or "diffusion") that decodes with `method`."""
-  return "ar" if method == "ar" else "diffusion"
+  """The demo model that decodes with `method` (see MODEL_FOR)."""
+  if method not in MODEL_FOR:
+    raise ValueError(f"the demo has no model for method {method!r}; use one of "
+                     f"{sorted(MODEL_FOR)}.")
+  return MODEL_FOR[method]
 
 
-def training_config(name: str):
-  """The training config of demo model `name`: a small network on two-digit addition."""
+def training_config(name: str, root: Path | None = None):
+  """The training config of demo model `name`: a small network on two-digit addition.
+
+  The diffusion models start from the AR model in `root` (`train.init_from`) with Dream's
+  shifted logits (the prediction for slot i is read at i - 1, where the AR model predicts
+  its next token), which is what lets them learn the task in a few hundred steps.
+  """
   c = config_lib.tiny_arithmetic_config()  # char tokenizer, 8-slot answer canvas, block 4
   c.model.d_model, c.model.n_layers, c.model.mlp_dim = 64, 2, 256
   c.model.n_heads, c.model.n_kv_heads = 4, 4
@@ -69,23 +83,26 @@ def training_config(name: str):
   c.train.keep = 1
   c.train.async_checkpoints = False
   c.decode.eval_examples = 0
-  if name == "ar":
-    c.objective.name = "ar"
-    c.train.steps = 800
-    c.decode.method = "ar"
-  elif name == "diffusion":
-    c.objective.name = "block_diffusion"
-    c.objective.options = {"block_size": BLOCK, "sft": True}
-    c.train.steps = 1200
-    c.decode.method = "block_diffusion"
-  else:
+  if name not in ORDER:
     raise ValueError(f"unknown demo model {name!r}; the demo has {ORDER}.")
+  c.train.steps = STEPS[name]
+  c.objective.name = name
+  c.decode.method = {"ar": "ar", "block_diffusion": "block_diffusion", "mdm": "llada"}[name]
+  if name != "ar":
+    c.model.shift_logits = True
+    c.opt.lr = 3e-3
+    c.train.init_from = str(Path(root or ".") / "ar")
+    c.objective.options = ({"block_size": BLOCK, "sft": True} if name == "block_diffusion"
+                           else {"sft": True})
   return config_lib.finalize(c)
 
 
 def recipe() -> dict:
   """Every training config of the demo, as JSON-able dicts (what the cache is keyed by)."""
-  return {name: json.loads(config_lib.to_json(training_config(name))) for name in ORDER}
+  out = {name: json.loads(config_lib.to_json(training_config(name))) for name in ORDER}
+  for config in out.values():  # where the build ran is not part of the recipe
+    config["train"]["init_from"] = None
+  return out
 
 
 def cache_root() -> Path:
@@ -129,7 +146,7 @@ def ensure(root: Path | None = None, *, log: Callable[[str], None] = _stderr) ->
   try:
     for name in ORDER:
       with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the answers
-        final = trainer.train(training_config(name), tmp / name)
+        final = trainer.train(training_config(name, tmp), tmp / name)
       log(f"[demo] {name}: eval accuracy {final.get('eval/accuracy', float('nan')):.3f}")
     (tmp / "recipe.json").write_text(json.dumps(recipe(), indent=1, sort_keys=True))
     try:
