@@ -1,30 +1,29 @@
 """The built-in demo: tiny arithmetic models the package trains itself on first use, then caches.
 
-    root = demo.ensure()              # trains on first use (about a minute), then cached
-    demo.model_dir("d2f", root)       # the training workdir that serves a decoding method
+    root = demo.ensure()              # trains on first use, then cached
+    demo.model_dir("d2f", root)       # the training workdir that decodes with a method
 
 Nothing is downloaded and nothing binary is committed: the package's own trainer
-(`training.trainer.train`) fits two ~0.1M-parameter networks on the synthetic two-digit
-addition task (`data.tasks`, "37+48=" -> "85"), with the character tokenizer and fixed seeds:
+(`training.trainer.train`) fits three 0.1M-parameter networks on the synthetic two-digit
+addition task (`data.tasks` "arithmetic:1": a+b with a, b in [0, 100), "37+48=" -> "85"),
+character tokenizer, 8-slot answer canvas, fixed seeds (a rebuild gives the same weights):
 
-  ar/         causal next-token objective                        --method ar
-  diffusion/  block diffusion: 4-token blocks over the 8-slot    every diffusion method: d2f
-              answer canvas, block-causal attention              and block_diffusion decode it
-                                                                 block-causally, as trained;
-                                                                 llada / dream / fast_dllm
-                                                                 decode it bidirectionally
+  ar/               causal next-token loss, from scratch         --method ar
+  block_diffusion/  block diffusion, 4-slot blocks, block-causal  --method d2f, block_diffusion
+  mdm/              masked diffusion, bidirectional               --method llada, dream, fast_dllm
 
-AR decoding needs a causal model, so the AR model is its own network. One masked-diffusion
-network serves the five diffusion decoders: the block-causal one that D2F and block diffusion
-need (a bidirectional MDM decoded block-causally fails), whose bidirectional reading is close
-enough on this task (`tests/test_demo.py` measures every method's accuracy).
+Each method gets the model trained with the attention pattern it decodes with (a
+block-causal model read bidirectionally, or the reverse, answers almost nothing). The two
+diffusion models start from the AR model with Dream's shifted logits (`shift_logits`: slot i
+is predicted at i - 1, where the AR model already predicts its next token), as Dream starts
+from Qwen; from scratch they need thousands of steps, from the AR model a few hundred.
 
 Each model is an ordinary training workdir (config.json + checkpoints/), loadable with
 `Sampler.load(path)` like any run. The cache is `$DLLM_JAX_CACHE/demo` (default
 `~/.cache/dllm_jax/demo`), one subdirectory per recipe fingerprint, so a changed recipe trains
 afresh. A build trains into a private temporary directory beside the target and renames it
 into place only when every model has finished: an interrupted build leaves no half model (its
-temporary directory is removed, or ignored and swept by the next build).
+temporary directory is removed, or swept by the next build once its process is gone).
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ _PARTIAL = ".partial-"
 # Which model decodes with each method: the attention pattern it was trained with.
 MODEL_FOR = {"ar": "ar", "d2f": "block_diffusion", "block_diffusion": "block_diffusion",
              "llada": "mdm", "dream": "mdm", "fast_dllm": "mdm"}
-STEPS = {"ar": 800, "block_diffusion": 300, "mdm": 300}
+STEPS = {"ar": 800, "block_diffusion": 400, "mdm": 500}
 
 
 def model_for(method: str) -> str:

@@ -16,8 +16,10 @@ only: a failed load never writes to the checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +159,8 @@ def run_defaults(config, gen_length: int | None) -> dict:
 def _load_workdir(path: Path, step: int | None, mesh) -> LoadedModel:
   from dllm_jax.models import finite, lora
   from dllm_jax.training import checkpoint, data as data_lib
-  model = checkpoint.load_params(path, step, mesh=mesh)
+  with _quiet("absl"):  # orbax warns that a read-only manager will not save: we know
+    model = checkpoint.load_params(path, step, mesh=mesh)
   finite.check_finite(model.params, str(path))
   params, cfg, config = model.params, model.model_cfg, model.config
   if cfg.lora_rank:  # a D2F student: fold the adapters in (same logits, plain network)
@@ -169,3 +172,15 @@ def _load_workdir(path: Path, step: int | None, mesh) -> LoadedModel:
   gen_length = None if layout.prompt_len is None else layout.seq_len - layout.prompt_len
   return LoadedModel(params, cfg, tokenizer, "workdir", prompt_len=layout.prompt_len,
                      defaults=run_defaults(config, gen_length))
+
+
+@contextlib.contextmanager
+def _quiet(name: str):
+  """Hides a library logger's warnings (errors still show) for the duration of the block."""
+  logger = logging.getLogger(name)
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)

@@ -117,7 +117,7 @@ class SampleOutput:
   output: Any
 
 
-@dataclasses.dataclass(frozen=True, init=False)
+@dataclasses.dataclass(frozen=True, init=False, eq=False)
 class Sampler:
   """A model, its tokenizer and one decoding method with its options.
 

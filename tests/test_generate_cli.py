@@ -139,6 +139,8 @@ def test_user_errors_are_one_line(llada_dir, fake_workdir, tmp_path, capsys):
   _fails(capsys, ["--model", str(fake_workdir), "--adapter", str(llada_dir / "adapter"),
                   "--prompt", "x"], "adapter applies to HF checkpoints", "training workdir")
   _fails(capsys, ["--model", str(fake_workdir), "--prompt", "x"], "no finished checkpoint")
+  with pytest.raises(ValueError, match=r"is a training workdir .*, not a HF checkpoint"):
+    Sampler.load(fake_workdir, "llada", kind="hf")
   _fails(capsys, ["--model", model, "--step", "3", "--prompt", "x"], "step=3")
   (tmp_path / "weightless").mkdir()
   (tmp_path / "weightless" / "config.json").write_text("{}")
