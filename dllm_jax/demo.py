@@ -1,6 +1,6 @@
 """The built-in demo: tiny arithmetic models the package trains itself on first use, then caches.
 
-    root = demo.ensure()              # trains on first use, then cached
+    root = demo.ensure()              # trains on first use (minutes on a CPU), then cached
     demo.model_dir("d2f", root)       # the training workdir that decodes with a method
 
 Nothing is downloaded and nothing binary is committed: the package's own trainer
@@ -140,8 +140,8 @@ def ensure(root: Path | None = None, *, log: Callable[[str], None] = _stderr) ->
       shutil.rmtree(stale, ignore_errors=True)
   tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}{_PARTIAL}{os.getpid()}-",
                               dir=target.parent))
-  log(f"[demo] first use: training the demo models into {target} (about a minute on 2 CPU "
-      "cores; cached afterwards)")
+  log(f"[demo] first use: training the demo models into {target} (1700 small steps: minutes "
+      "on a CPU; cached afterwards)")
   try:
     for name in ORDER:
       with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the answers

@@ -1,6 +1,6 @@
 """Generate text from any checkpoint with any decoder: `python -m dllm_jax.generate`.
 
-  # the built-in demo (trained on first use in about a minute, then cached; no download)
+  # the built-in demo (trained on first use, minutes on a CPU, then cached; no download)
   python -m dllm_jax.generate --model demo --method d2f --prompt "37+48="
 
   # a HF checkpoint (+ PEFT adapter), a converted one, or a training workdir

@@ -36,9 +36,6 @@ from dllm_jax import decoding
 from dllm_jax.decoding import base
 from dllm_jax.models.config import ModelConfig
 
-KINDS = ("auto", "demo", "hf", "converted", "workdir")
-
-
 # --- tokenizers: the HF kind (checkpoints.Tokenizer) and the data kind (char / byte / file) ---
 
 def _is_hf_tokenizer(tok) -> bool:
