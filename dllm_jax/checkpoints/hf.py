@@ -178,6 +178,8 @@ def load_pretrained(model_dir, *, dtype: str | None = None, mesh=None, rules=Non
     NonFiniteParamsError (a ValueError) naming the tensor when a weight of the checkpoint or
     of the adapter is NaN or inf. Nothing on disk is ever written.
   """
+  if dtype is not None:
+    load_dtype(dtype)  # a bad request fails before any file is read
   cfg, family, store = _open(Path(model_dir), dtype)
   np_dtype = load_dtype(cfg.param_dtype)
   adapter = None
