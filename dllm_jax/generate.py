@@ -1,13 +1,23 @@
-"""Generate from a real local checkpoint with any decoder.
+"""Generate text from any checkpoint with any decoder: `python -m dllm_jax.generate`.
 
+  # the built-in demo (trained on first use, minutes on a CPU, then cached; no download)
+  python -m dllm_jax.generate --model demo --method d2f --prompt "37+48="
+
+  # a HF checkpoint (+ PEFT adapter), a converted one, or a training workdir
   python -m dllm_jax.generate --model /ckpt/LLaDA-8B-Instruct --adapter /ckpt/D2F_LLaDA_LoRA \
       --method d2f --prompt "What is 12 * 34?" --gen_length 256 --opt block_length=32
+  python -m dllm_jax.generate --model /tmp/dllm_jax_runs/mdm_tiny --method llada --prompt "12+34="
 
-Loads `config.json` + safetensors (family detected), optionally a PEFT LoRA adapter, the
-checkpoint's own tokenizer and chat template (special ids from the checkpoint, never
-hard-coded), decodes with `dllm_jax.decoding.generate`, and prints the answer with tokens/s,
-NFE and wall time. Decoder options go through repeated `--opt key=value` flags and are checked
-by the decoder (a misspelt option is an error).
+  # random weights of a preset (a smoke test of a decoder; the text is noise)
+  python -m dllm_jax.generate --preset tiny --method llada --prompt hello --gen_length 16
+
+The model directory kind is detected (see dllm_jax.loading); its tokenizer, chat template and
+special ids come with it. Everything runs through `dllm_jax.sampler.Sampler`. Decoder options
+are repeated `--opt key=value` flags (numbers, nan/inf, true/false, none, strings), checked by
+the decoder. Prints each answer on stdout and tokens/s, NFE and wall time on stderr (`--json`:
+one JSON object). Mistakes (a missing directory, an unknown option, a prompt too long for the
+model window, a damaged checkpoint...) print one `error: ...` line and exit with status 2;
+`--debug` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -19,100 +29,210 @@ import sys
 import time
 
 import jax
+import numpy as np
 
-from dllm_jax import checkpoints, decoding
-from dllm_jax.parallel import mesh as mesh_lib
+from dllm_jax import decoding
+from dllm_jax.sampler import Sampler
+
+DEFAULT_GEN_LENGTH = 256       # HF / converted checkpoints (a run or the demo bring their own)
+DEFAULT_PRESET_GEN_LENGTH = 32
+
+
+class UsageError(ValueError):
+  """A command-line mistake (reported as one line, exit status 2)."""
+
+
+def parse_value(text: str):
+  """An --opt value: int, float (incl. nan / inf), bool, None, a Python literal, or the string."""
+  lowered = text.strip().lower()
+  for convert in (int, float):
+    try:
+      return convert(text)
+    except ValueError:
+      pass
+  if lowered in ("true", "false"):
+    return lowered == "true"
+  if lowered in ("none", "null"):
+    return None
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
 
 
 def _parse_opt(text: str) -> tuple[str, object]:
-  if "=" not in text:
+  key, sep, value = text.partition("=")
+  if not sep or not key:
     raise argparse.ArgumentTypeError(f"--opt expects key=value, got {text!r}")
-  key, value = text.split("=", 1)
-  try:
-    return key, ast.literal_eval(value)
-  except (ValueError, SyntaxError):
-    return key, value
+  return key.strip(), parse_value(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="python -m dllm_jax.generate", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--model", required=True, help="local HF model directory (config.json, "
-                 "*.safetensors, tokenizer.json) or an orbax dir from save_converted")
+  source = p.add_mutually_exclusive_group(required=True)
+  source.add_argument("--model", help="'demo', a HF model directory, a converted directory "
+                      "(save_converted) or a training workdir")
+  source.add_argument("--workdir", help="a training workdir (like --model, but it must be one)")
+  source.add_argument("--preset", help="random weights of a model preset (smoke tests)")
+  p.add_argument("--tokenizer", default="auto",
+                 help="with --preset: 'byte', 'char' (the synthetic tasks' alphabet), a "
+                 "tokenizer.json path, or 'auto' (byte if the preset's vocab holds it, else char)")
   p.add_argument("--adapter", help="PEFT LoRA adapter directory (adapter_config.json)")
   p.add_argument("--merge_lora", action="store_true", help="merge the adapter into the weights")
-  p.add_argument("--method", default="d2f", choices=sorted(decoding.api.METHODS))
+  p.add_argument("--step", type=int, help="checkpoint step of a training workdir (default: "
+                 "the latest)")
+  p.add_argument("--method", default="d2f", help=f"one of {sorted(decoding.METHODS)}")
   p.add_argument("--prompt", action="append", required=True,
                  help="prompt text; repeat for a batch")
   p.add_argument("--no_chat_template", action="store_true",
                  help="feed the raw prompt instead of the model's chat template")
-  p.add_argument("--gen_length", type=int, default=256)
-  p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+  p.add_argument("--gen_length", "--max_new_tokens", dest="gen_length", type=int,
+                 help="response slots (default: a run's answer canvas, else 256)")
+  p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+  p.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
+                 help="HF checkpoints: convert to this dtype (default: the checkpoint's own)")
   p.add_argument("--mesh", default=None,
                  help='mesh shape as JSON, e.g. \'{"tensor": 8}\'; default: one device')
   p.add_argument("--opt", action="append", type=_parse_opt, default=[],
                  help="decoder option key=value (e.g. block_length=32, tau_conf=0.9)")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--stream", action="store_true", help="print the answer as it is decoded")
   p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+  p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
   return p
 
 
-def _load(args, mesh):
-  from pathlib import Path
-  model_dir = Path(args.model)
-  if not model_dir.is_dir():
-    raise FileNotFoundError(f"--model {model_dir} is not a directory; pass a local checkpoint "
-                            "folder (weights cannot be downloaded by this command).")
-  if (model_dir / "config.json").exists():
-    cfg, params = checkpoints.load_pretrained(model_dir, dtype=args.dtype, mesh=mesh,
-                                              adapter_dir=args.adapter,
-                                              merge_lora=args.merge_lora)
+def _mesh(text: str | None):
+  if text is None:
+    return None
+  try:
+    shape = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise UsageError(f"--mesh {text!r} is not JSON ({e.msg}); write it like "
+                     "'{\"tensor\": 8}' (double quotes, in single quotes for the shell).") from None
+  if not isinstance(shape, dict) or not all(isinstance(v, int) for v in shape.values()):
+    raise UsageError(f"--mesh must be a JSON object of axis sizes, e.g. '{{\"tensor\": 8}}'; "
+                     f"got {text!r}.")
+  from dllm_jax.parallel import mesh as mesh_lib
+  return mesh_lib.make_mesh(shape)
+
+
+def _preset_sampler(args, mesh, options) -> Sampler:
+  from dllm_jax.data import tasks, tokenizers
+  from dllm_jax.models import get_preset, init_params
+  cfg = get_preset(args.preset)
+  name = args.tokenizer
+  if name == "auto":
+    name = "byte" if cfg.vocab_size >= tokenizers.ByteTokenizer().vocab_size else "char"
+  if name == "byte":
+    tok = tokenizers.ByteTokenizer()
+  elif name == "char":
+    tok = tokenizers.CharTokenizer(tasks.TASK_ALPHABET)
   else:
-    if args.adapter:
-      raise ValueError("--adapter needs an HF model directory; merge adapters before "
-                       "save_converted.")
-    cfg, params = checkpoints.load_converted(model_dir, mesh=mesh)
-  return cfg, params, checkpoints.load_tokenizer(model_dir)
+    tok = tokenizers.HFTokenizer.from_file(name)
+  if tok.vocab_size > cfg.vocab_size:
+    raise UsageError(f"the tokenizer has {tok.vocab_size} ids but preset {cfg.name!r} only "
+                     f"{cfg.vocab_size}; pick a larger preset (e.g. small).")
+  params = jax.jit(init_params, static_argnums=0)(cfg, jax.random.key(args.seed))
+  if tok.vocab_size < cfg.vocab_size:  # never propose an id the tokenizer cannot decode
+    cfg = cfg.replace(active_vocab_size=tok.vocab_size)
+  options.setdefault("gen_length", DEFAULT_PRESET_GEN_LENGTH)
+  return Sampler(params, cfg, tok, args.method, mesh=mesh, **options)
+
+
+def make_sampler(args) -> Sampler:
+  """The Sampler the flags describe."""
+  if args.method not in decoding.METHODS:
+    raise UsageError(f"--method {args.method!r} is unknown; use one of "
+                     f"{sorted(decoding.METHODS)}.")
+  mesh = _mesh(args.mesh)
+  options = dict(args.opt)
+  if args.gen_length is not None:
+    options["gen_length"] = args.gen_length
+  if args.preset:
+    return _preset_sampler(args, mesh, options)
+  path, kind = (args.workdir, "workdir") if args.workdir else (args.model, "auto")
+  sampler = Sampler.load(path, args.method, kind=kind, dtype=args.dtype, adapter=args.adapter,
+                         merge_lora=args.merge_lora, step=args.step, mesh=mesh, **options)
+  if "gen_length" not in sampler.options:
+    sampler = sampler.replace(gen_length=DEFAULT_GEN_LENGTH)
+  return sampler
+
+
+def _prompts(args, sampler: Sampler) -> list:
+  """Chat messages when the tokenizer has a template (unless --no_chat_template), else text."""
+  if args.no_chat_template or not getattr(sampler.tokenizer, "chat_template", None):
+    return list(args.prompt)
+  return [[{"role": "user", "content": p}] for p in args.prompt]
+
+
+def run(args) -> int:
+  sampler = make_sampler(args)
+  prompts = _prompts(args, sampler)
+  key = jax.random.key(args.seed)
+  if args.stream:
+    return _run_stream(args, sampler, prompts, key)
+
+  start = time.perf_counter()
+  sampler.sample(prompts, stop=args.stop, rng=key)
+  first = time.perf_counter() - start  # includes compilation
+  start = time.perf_counter()
+  result = sampler.sample(prompts, stop=args.stop, rng=key, return_output=True)
+  wall = time.perf_counter() - start
+
+  tokens = int(np.sum(result.lengths))
+  stats = {"method": sampler.method, "response_tokens": tokens, "nfe": result.nfe,
+           "wall_s": wall, "first_call_s": first, "tokens_per_s": tokens / wall,
+           "tokens_per_forward": tokens / max(result.nfe * len(prompts), 1)}
+  if args.json:
+    print(json.dumps({"answers": result.text, **stats}))
+    return 0
+  for i, answer in enumerate(result.text):
+    print(answer if len(prompts) == 1 else f"[{i}] {answer}")
+  print(f"{sampler.method}: {tokens} response tokens in {wall:.3f}s = "
+        f"{stats['tokens_per_s']:.1f} tok/s, NFE {stats['nfe']}, "
+        f"{stats['tokens_per_forward']:.2f} tokens/forward "
+        f"(first call with compile {first:.1f}s)", file=sys.stderr)
+  return 0
+
+
+def _run_stream(args, sampler: Sampler, prompts, key) -> int:
+  if len(prompts) != 1:
+    raise UsageError("--stream prints one answer as it is decoded; pass a single --prompt.")
+  start = time.perf_counter()
+  pieces = []
+  for delta in sampler.sample(prompts[0], stop=args.stop, rng=key, stream=True):
+    pieces.append(delta)
+    if not args.json:
+      print(delta, end="", flush=True)
+  wall = time.perf_counter() - start
+  if args.json:
+    print(json.dumps({"answers": ["".join(pieces)], "method": sampler.method,
+                      "wall_s": wall, "deltas": pieces}))
+  else:
+    print()
+    print(f"{sampler.method}: streamed in {wall:.2f}s (incl. compile)", file=sys.stderr)
+  return 0
+
+
+# Exceptions that mean "the input is wrong" (they carry a message naming the fix).
+def _user_errors() -> tuple[type, ...]:
+  from dllm_jax.training.checkpoint import CheckpointError
+  # ArithmeticError: a decoder that finds non-finite logits (a damaged model) says so.
+  return (ValueError, OSError, CheckpointError, KeyError, ArithmeticError)
 
 
 def main(argv=None) -> int:
   args = build_parser().parse_args(argv)
-  mesh = mesh_lib.make_mesh(json.loads(args.mesh)) if args.mesh else None
-  cfg, params, tok = _load(args, mesh)
-  texts = args.prompt
-  if not args.no_chat_template and tok.chat_template:
-    texts = [tok.apply_chat_template([{"role": "user", "content": t}],
-                                     add_generation_prompt=True, tokenize=False) for t in texts]
-  prompts = [tok.encode(t, add_special_tokens=args.no_chat_template) for t in texts]
-  opts = dict(args.opt)
-  opts.setdefault("gen_length", args.gen_length)
-  rng = jax.random.key(args.seed)
-
-  start = time.perf_counter()
-  out = jax.block_until_ready(decoding.generate(params, cfg, prompts, method=args.method,
-                                                rng=rng, mesh=mesh, **opts))
-  first = time.perf_counter() - start  # includes compilation
-  start = time.perf_counter()
-  out = jax.device_get(decoding.generate(params, cfg, prompts, method=args.method,
-                                         rng=rng, mesh=mesh, **opts))
-  wall = time.perf_counter() - start
-
-  tokens = int(out.lengths.sum())
-  answers = [tok.decode(out.tokens[i, :out.lengths[i]].tolist(), skip_special_tokens=True)
-             for i in range(len(prompts))]
-  stats = {"method": args.method, "response_tokens": tokens, "nfe": int(out.nfe),
-           "wall_s": wall, "first_call_s": first, "tokens_per_s": tokens / wall,
-           "tokens_per_forward": tokens / max(int(out.nfe) * len(prompts), 1)}
-  if args.json:
-    print(json.dumps({"answers": answers, **stats}))
-  else:
-    for i, a in enumerate(answers):
-      print(f"[{i}] {a}")
-    print(f"{args.method}: {tokens} response tokens in {wall:.3f}s = "
-          f"{stats['tokens_per_s']:.1f} tok/s, NFE {stats['nfe']}, "
-          f"{stats['tokens_per_forward']:.2f} tokens/forward "
-          f"(first call with compile {first:.1f}s)")
-  return 0
+  if args.debug:
+    return run(args)
+  try:
+    return run(args)
+  except _user_errors() as e:
+    message = e.args[0] if isinstance(e, KeyError) and e.args else e
+    print("error: " + " ".join(str(message).split()), file=sys.stderr)  # one line
+    return 2
 
 
 if __name__ == "__main__":

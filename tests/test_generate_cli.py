@@ -1,7 +1,11 @@
-"""`python -m dllm_jax.generate` on tiny checkpoints written in the published layouts."""
+"""`python -m dllm_jax.generate` on tiny checkpoints written in the published layouts and on a
+tiny training run; every user mistake is one `error:` line and exit status 2."""
 
 import json
+import math
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -13,6 +17,9 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from dllm_jax import checkpoints, decoding, generate
 from dllm_jax.checkpoints import testing as ckt
+from dllm_jax.sampler import Sampler
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SPECIALS = ["<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>", "<|start_header_id|>",
             "<|end_header_id|>"]
@@ -82,9 +89,116 @@ def test_cli_generates_with_adapter(llada_dir, capsys, method, opts):
   assert report["nfe"] == int(out.nfe)
 
 
-def test_cli_errors_name_the_problem(llada_dir, tmp_path):
-  with pytest.raises(FileNotFoundError, match="not a directory"):
-    generate.main(["--model", str(tmp_path / "nope"), "--prompt", "x"])
-  with pytest.raises(ValueError, match="gen_lenght|Unknown|option"):
-    generate.main(["--model", str(llada_dir / "model"), "--prompt", "x", "--dtype",
-                   "float32", "--opt", "gen_lenght=3"])
+def test_parse_value():
+  parse = generate.parse_value
+  assert parse("4") == 4 and isinstance(parse("4"), int)
+  assert parse("0.9") == 0.9 and parse("1e-3") == 1e-3
+  assert math.isnan(parse("nan")) and parse("inf") == math.inf and parse("-inf") == -math.inf
+  assert parse("true") is True and parse("False") is False and parse("none") is None
+  assert parse("dual") == "dual" and parse("(1, 2)") == (1, 2)
+
+
+def _fails(capsys, argv, *needles):
+  """The CLI exits 2 with exactly one stderr line `error: ...` holding every needle."""
+  assert generate.main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: "), err
+  for needle in needles:
+    assert needle in err[0], err[0]
+  return err[0]
+
+
+@pytest.fixture(scope="module")
+def fake_workdir(tmp_path_factory, tiny_config):
+  """A training workdir that has not saved a checkpoint yet."""
+  from dllm_jax.training import config as config_lib
+  path = tmp_path_factory.mktemp("run")
+  (path / "config.json").write_text(config_lib.to_json(tiny_config("mdm")))
+  (path / "checkpoints").mkdir()
+  return path
+
+
+def test_user_errors_are_one_line(llada_dir, fake_workdir, tmp_path, capsys):
+  model = str(llada_dir / "model")
+  base = ["--model", model, "--prompt", "x", "--gen_length", "8", "--method", "llada"]
+  _fails(capsys, ["--model", str(tmp_path / "nope"), "--prompt", "x"], "does not exist")
+  _fails(capsys, base + ["--mesh", "{tensor: 8}"], "--mesh", "not JSON", '{"tensor": 8}')
+  _fails(capsys, base + ["--mesh", "[8]"], "JSON object")
+  _fails(capsys, base[:-1] + ["beam"], "--method 'beam' is unknown", "d2f")
+  _fails(capsys, base + ["--opt", "stpes=8"], "stpes", "steps")
+  _fails(capsys, ["--model", model, "--prompt", "x", "--method", "d2f", "--gen_length", "8",
+                  "--opt", "block_length=4", "--opt", "tau_conf=nan"], "tau_conf")
+  _fails(capsys, base + ["--prompt", "word " * 300], "exceeds the model window")
+  _fails(capsys, ["--workdir", model, "--prompt", "x"], "HF checkpoint", "not a training workdir")
+  _fails(capsys, ["--model", str(fake_workdir), "--adapter", str(llada_dir / "adapter"),
+                  "--prompt", "x"], "adapter applies to HF checkpoints", "training workdir")
+  _fails(capsys, ["--model", str(fake_workdir), "--prompt", "x"], "no finished checkpoint")
+  with pytest.raises(ValueError, match=r"is a training workdir .*, not a HF checkpoint"):
+    Sampler.load(fake_workdir, "llada", kind="hf")
+  _fails(capsys, ["--model", model, "--step", "3", "--prompt", "x"], "step=3")
+  (tmp_path / "weightless").mkdir()
+  (tmp_path / "weightless" / "config.json").write_text("{}")
+  _fails(capsys, ["--model", str(tmp_path / "weightless"), "--prompt", "x"], "no *.safetensors")
+  with pytest.raises(SystemExit) as e:  # argparse's own usage errors: status 2 as well
+    generate.main(["--prompt", "x"])
+  assert e.value.code == 2
+
+
+def test_debug_shows_the_traceback(tmp_path):
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    generate.main(["--model", str(tmp_path / "nope"), "--prompt", "x", "--debug"])
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, tiny_config):
+  """A few-step block-diffusion run (a workdir with a checkpoint and a block-size layout)."""
+  from dllm_jax.training import trainer
+  path = tmp_path_factory.mktemp("bd_run") / "run"
+  trainer.train(tiny_config("block_diffusion", block_size=4), path)
+  return path
+
+
+def test_workdir_decodes_with_its_layout(trained_run, capsys):
+  """`--workdir RUN` (experiments/generate.py crashed on it) == the run's own eval decode."""
+  from dllm_jax.training import checkpoint, data as data_lib
+  model = checkpoint.load_params(trained_run)
+  tok = data_lib.make_tokenizer(model.config.data)
+  layout = data_lib.make_layout(model.config.data, tok)
+  enc = layout.encode_prompts(["12+34=", "5+6="])
+  g = layout.seq_len - layout.prompt_len
+  cfg = model.model_cfg.replace(active_vocab_size=tok.vocab_size)
+  out = decoding.generate(model.params, cfg, (enc["tokens"], enc["valid"]),
+                          method="block_diffusion", gen_length=g,
+                          block_length=4, steps_per_block=4)
+  expected = [tok.decode(np.asarray(out.tokens)[i, :int(out.lengths[i])]) for i in range(2)]
+
+  sampler = Sampler.load(trained_run, "block_diffusion")
+  assert sampler.options["gen_length"] == g and sampler.prompt_len == layout.prompt_len
+  np.testing.assert_array_equal(sampler.encode(["12+34=", "5+6="])[0], enc["tokens"])
+  assert sampler.sample(["12+34=", "5+6="]) == expected
+  for flag in ("--workdir", "--model"):
+    assert generate.main([flag, str(trained_run), "--method", "block_diffusion", "--prompt",
+                          "12+34=", "--prompt", "5+6=", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["answers"] == expected
+  _fails(capsys, ["--model", str(trained_run), "--dtype", "float32", "--prompt", "1+1="],
+         "dtype='float32'", "training workdir")
+  _fails(capsys, ["--model", str(trained_run), "--prompt", "1?1="], "'?'")
+
+
+@pytest.mark.slow
+def test_experiments_script_is_the_cli(trained_run):
+  """experiments/generate.py --workdir RUN runs the same CLI (it crashed before)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+  proc = subprocess.run([sys.executable, "experiments/generate.py", "--workdir",
+                         str(trained_run), "--method", "llada", "--prompt", "12+34=", "--json"],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  report = json.loads(proc.stdout.strip().splitlines()[-1])
+  expected = Sampler.load(trained_run, "llada").sample(["12+34="])
+  assert report["answers"] == expected
+  bad = subprocess.run([sys.executable, "experiments/generate.py", "--workdir",
+                        str(trained_run), "--mesh", "{", "--prompt", "x"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)
+  assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --mesh")
+  assert len(bad.stderr.strip().splitlines()) == 1

@@ -1,12 +1,13 @@
 """Real checkpoints: HF safetensors in and out, PEFT LoRA, tokenizers, orbax conversions.
 
-    cfg, params = load_pretrained(model_dir, dtype="bfloat16", mesh=mesh)
+    cfg, params = load_pretrained(model_dir, mesh=mesh)   # the checkpoint's dtype, or dtype=
     tok = load_tokenizer(model_dir)
-    save_converted("/ckpt/llada", cfg, params)
+    save_converted("/ckpt/llada", cfg, params, tokenizer_dir=model_dir)
     cfg, params = load_converted("/ckpt/llada", mesh=mesh)
     export_safetensors(params, cfg, "/out/llada-hf", family="llada")
 
-Families: llama, qwen2 (AR), llada, dream (masked diffusion).
+Families: llama, qwen2 (AR), llada, dream (masked diffusion). Every loader rejects NaN / inf
+weights naming the tensor (models.finite.NonFiniteParamsError) and never writes to its input.
 
 Modules: families.py (config keys and tensor names per family), safetensors_io.py (headers,
 one-tensor reads, streamed writes), placement.py (sharded, memory-frugal placement), hf.py

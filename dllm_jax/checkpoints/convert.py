@@ -1,6 +1,8 @@
 """Converted checkpoints (orbax, fast sharded reloads) and export back to HF safetensors.
 
-  save_converted(path, cfg, params)       path/params (orbax StandardSave) + path/model_config.json
+  save_converted(path, cfg, params, tokenizer_dir=model_dir)
+                                          path/params (orbax StandardSave) + path/model_config.json
+                                          + the tokenizer and chat-template files of model_dir
   load_converted(path, mesh=...)          restores straight into NamedShardings (StandardRestore
                                           of ShapeDtypeStructs that carry their sharding)
   export_safetensors(params, cfg, out, family=...)
@@ -8,7 +10,8 @@
                                           in the family's own names and layout
 
 Every writer builds its directory atomically (atomic.py): a failure leaves nothing behind and
-an existing directory is replaced only with `overwrite=True`.
+an existing directory is replaced only with `overwrite=True`. Every loader checks that the
+weights are finite (models.finite) and never writes to the checkpoint it reads.
 """
 
 from __future__ import annotations
@@ -27,11 +30,21 @@ from dllm_jax.checkpoints.families import PROJECTIONS, get_family
 from dllm_jax.checkpoints.hf import hf_shape
 from dllm_jax.checkpoints.safetensors_io import TensorSpec, write_checkpoint
 from dllm_jax.models.config import ModelConfig, resolve_dtype
+from dllm_jax.models.finite import check_finite
 
 CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja", "generation_config.json")
+                   "chat_template.jinja", "chat_template.json", "generation_config.json")
+
+
+def _tokenizer_files(tokenizer_dir) -> list[Path]:
+  """The tokenizer / chat-template files of `tokenizer_dir`; it must hold tokenizer.json."""
+  tokenizer_dir = Path(tokenizer_dir)
+  if not (tokenizer_dir / "tokenizer.json").is_file():
+    raise FileNotFoundError(f"tokenizer_dir={tokenizer_dir} holds no tokenizer.json; pass the "
+                            "HF model directory the params were loaded from.")
+  return [tokenizer_dir / n for n in TOKENIZER_FILES if (tokenizer_dir / n).is_file()]
 
 
 def config_to_json(cfg: ModelConfig) -> str:
@@ -48,8 +61,15 @@ def config_from_json(text: str, source: str = CONFIG_FILE) -> ModelConfig:
   return ModelConfig(**fields)
 
 
-def save_converted(path, cfg: ModelConfig, params, *, overwrite: bool = False) -> Path:
-  """Writes params as an orbax checkpoint plus the ModelConfig as JSON, atomically."""
+def save_converted(path, cfg: ModelConfig, params, *, tokenizer_dir=None,
+                   overwrite: bool = False) -> Path:
+  """Writes params as an orbax checkpoint plus the ModelConfig as JSON, atomically.
+
+  `tokenizer_dir` (the HF model directory the params came from) copies its tokenizer and
+  chat-template files (TOKENIZER_FILES), so the converted directory decodes text on its own:
+  `Sampler.load(path)` and `python -m dllm_jax.generate --model path` need them.
+  """
+  files = [] if tokenizer_dir is None else _tokenizer_files(tokenizer_dir)
   shapes, _ = placement.target_shardings(cfg)
   got = {p: tuple(x.shape) for p, x in placement.flatten(params).items()}
   want = {p: tuple(x.shape) for p, x in shapes.items()}
@@ -63,11 +83,16 @@ def save_converted(path, cfg: ModelConfig, params, *, overwrite: bool = False) -
     checkpointer.wait_until_finished()
     checkpointer.close()
     (tmp / CONFIG_FILE).write_text(config_to_json(cfg))
+    for f in files:
+      shutil.copy2(f, tmp / f.name)
   return Path(path)
 
 
 def load_converted(path, *, mesh=None, rules=None):
-  """Restores `(cfg, params)` from `save_converted`, each leaf directly on its sharding."""
+  """Restores `(cfg, params)` from `save_converted`, each leaf directly on its sharding.
+
+  Raises NonFiniteParamsError (a ValueError) naming any NaN / inf tensor.
+  """
   path = Path(path)
   config_path = path / CONFIG_FILE
   if not config_path.is_file() or not (path / PARAMS_DIR).is_dir():
@@ -80,6 +105,7 @@ def load_converted(path, *, mesh=None, rules=None):
   checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
   params = checkpointer.restore((path / PARAMS_DIR).absolute(),
                                 args=ocp.args.StandardRestore(target))
+  check_finite(params, str(path))
   return cfg, params
 
 
@@ -138,7 +164,6 @@ def export_safetensors(params, cfg: ModelConfig, out_dir, *, family: str,
     write_checkpoint(tmp, specs, produce, max_shard_bytes)
     (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
     if tokenizer_dir is not None:
-      for name in TOKENIZER_FILES:
-        if (Path(tokenizer_dir) / name).is_file():
-          shutil.copy2(Path(tokenizer_dir) / name, tmp / name)
+      for f in _tokenizer_files(tokenizer_dir):
+        shutil.copy2(f, tmp / f.name)
   return Path(out_dir)

@@ -34,6 +34,7 @@ from dllm_jax.checkpoints.families import PROJECTIONS, Family, detect_family
 from dllm_jax.checkpoints.safetensors_io import TensorStore
 from dllm_jax.checkpoints.tokenizer import read_json, special_token_ids
 from dllm_jax.models.config import ModelConfig
+from dllm_jax.models.finite import check_finite
 
 LOAD_DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float32": np.dtype(np.float32)}
 _PROJECTION_OF = {prefix: name for name, prefix in PROJECTIONS.items()}
@@ -46,6 +47,23 @@ def load_dtype(dtype: str) -> np.dtype:
   return LOAD_DTYPES[dtype]
 
 
+# Stored dtype (safetensors code) -> load dtype when none is asked for. float16 widens to
+# float32 (exact); bfloat16 would round it.
+_CHECKPOINT_DTYPES = {"BF16": "bfloat16", "F32": "float32", "F16": "float32", "F64": "float32"}
+
+
+def checkpoint_dtype(store: TensorStore) -> str:
+  """The load dtype that keeps a checkpoint's own precision: its most common float dtype."""
+  counts: dict[str, int] = {}
+  for name in store.names():
+    code = store.infos[name].dtype
+    if code in _CHECKPOINT_DTYPES:
+      counts[code] = counts.get(code, 0) + store.infos[name].nbytes
+  if not counts:
+    return "bfloat16"
+  return _CHECKPOINT_DTYPES[max(counts, key=counts.get)]
+
+
 def read_config(model_dir) -> dict:
   path = Path(model_dir) / "config.json"
   if not path.is_file():
@@ -54,10 +72,11 @@ def read_config(model_dir) -> dict:
   return read_json(path)
 
 
-def _open(model_dir: Path, dtype: str) -> tuple[ModelConfig, Family, TensorStore]:
+def _open(model_dir: Path, dtype: str | None) -> tuple[ModelConfig, Family, TensorStore]:
   config = read_config(model_dir)
   family = detect_family(config, str(model_dir / "config.json"))
   store = TensorStore.from_directory(model_dir)
+  dtype = checkpoint_dtype(store) if dtype is None else dtype
   fields = family.parse_config(config, {n: store.shape(n) for n in store.names()})
   fields.update(special_token_ids(model_dir, config))
   try:
@@ -68,12 +87,14 @@ def _open(model_dir: Path, dtype: str) -> tuple[ModelConfig, Family, TensorStore
   return cfg, family, store
 
 
-def config_from_hf(model_dir, dtype: str = "bfloat16") -> tuple[ModelConfig, Family]:
+def config_from_hf(model_dir, dtype: str | None = None) -> tuple[ModelConfig, Family]:
   """ModelConfig (with special ids) and family of a HF model directory.
 
-  Reads config.json, the tokenizer files and the safetensors headers; no tensor data.
+  Reads config.json, the tokenizer files and the safetensors headers; no tensor data. `dtype`
+  None keeps the checkpoint's own (see `checkpoint_dtype`).
   """
-  load_dtype(dtype)
+  if dtype is not None:
+    load_dtype(dtype)
   cfg, family, _ = _open(Path(model_dir), dtype)
   return cfg, family
 
@@ -135,13 +156,14 @@ def _host_leaf(store, name, path, layer, dtype, adapter):
   return np.asarray(host, dtype=dtype, order="C")
 
 
-def load_pretrained(model_dir, *, dtype: str = "bfloat16", mesh=None, rules=None,
+def load_pretrained(model_dir, *, dtype: str | None = None, mesh=None, rules=None,
                     adapter_dir=None, merge_lora: bool = False):
   """Loads a HF model directory as `(ModelConfig, params)`.
 
   Args:
     model_dir: local directory with config.json and model.safetensors (or an index + shards).
-    dtype: "bfloat16" (default) or "float32": parameter and compute dtype.
+    dtype: "bfloat16" or "float32": parameter and compute dtype; None (default) keeps the
+      checkpoint's own (bfloat16 stays bfloat16, float32 stays float32, float16 -> float32).
     mesh: a `jax.sharding.Mesh` (see `dllm_jax.parallel.mesh.make_mesh`); None puts every
       parameter on the first device.
     rules: logical-axis rules (pairs) for `mesh`; default `DEFAULT_RULES`.
@@ -151,12 +173,20 @@ def load_pretrained(model_dir, *, dtype: str = "bfloat16", mesh=None, rules=None
 
   Returns:
     (cfg, params) where params matches `init_params(cfg, ...)` leaf for leaf.
+
+  Raises:
+    NonFiniteParamsError (a ValueError) naming the tensor when a weight of the checkpoint or
+    of the adapter is NaN or inf. Nothing on disk is ever written.
   """
-  np_dtype = load_dtype(dtype)
+  if dtype is not None:
+    load_dtype(dtype)  # a bad request fails before any file is read
   cfg, family, store = _open(Path(model_dir), dtype)
+  np_dtype = load_dtype(cfg.param_dtype)
   adapter = None
   if adapter_dir is not None:
     adapter = lora_lib.read_adapter(adapter_dir, family, cfg, merge=merge_lora)
+    # Checked on its own first, so the error names the adapter's tensor, not a merged kernel.
+    check_finite({n: adapter.store.read(n) for n in adapter.store.names()}, str(adapter_dir))
     if not merge_lora:
       cfg = cfg.replace(lora_rank=adapter.rank, lora_alpha=adapter.scale * adapter.rank,
                         lora_dropout=adapter.dropout)
@@ -179,7 +209,9 @@ def load_pretrained(model_dir, *, dtype: str = "bfloat16", mesh=None, rules=None
     else:
       params[path] = placement.put(_host_leaf(store, names[0], path, None, np_dtype, None),
                                    shardings[path])
-  return cfg, placement.unflatten(params)
+  params = placement.unflatten(params)
+  check_finite(params, str(model_dir))
+  return cfg, params
 
 
 def _lora_reader(adapter, path, shape, dtype):

@@ -1,0 +1,174 @@
+"""The built-in demo: tiny arithmetic models the package trains itself on first use, then caches.
+
+    root = demo.ensure()              # trains on first use (minutes on a CPU), then cached
+    demo.model_dir("d2f", root)       # the training workdir that decodes with a method
+
+Nothing is downloaded and nothing binary is committed: the package's own trainer
+(`training.trainer.train`) fits three 0.1M-parameter networks on the synthetic two-digit
+addition task (`data.tasks` "arithmetic:1": a+b with a, b in [0, 100), "37+48=" -> "85"),
+character tokenizer, 8-slot answer canvas, fixed seeds (a rebuild gives the same weights):
+
+  ar/               causal next-token loss, from scratch         --method ar
+  block_diffusion/  block diffusion, 4-slot blocks, block-causal  --method d2f, block_diffusion
+  mdm/              masked diffusion, bidirectional               --method llada, dream, fast_dllm
+
+Each method gets the model trained with the attention pattern it decodes with (a
+block-causal model read bidirectionally, or the reverse, answers almost nothing). The two
+diffusion models start from the AR model with Dream's shifted logits (`shift_logits`: slot i
+is predicted at i - 1, where the AR model already predicts its next token), as Dream starts
+from Qwen; from scratch they need thousands of steps, from the AR model a few hundred.
+
+Each model is an ordinary training workdir (config.json + checkpoints/), loadable with
+`Sampler.load(path)` like any run. The cache is `$DLLM_JAX_CACHE/demo` (default
+`~/.cache/dllm_jax/demo`), one subdirectory per recipe fingerprint, so a changed recipe trains
+afresh. A build trains into a private temporary directory beside the target and renames it
+into place only when every model has finished: an interrupted build leaves no half model (its
+temporary directory is removed, or swept by the next build once its process is gone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from dllm_jax.training import config as config_lib
+
+CACHE_ENV = "DLLM_JAX_CACHE"
+ORDER = ("ar", "block_diffusion", "mdm")  # the diffusion models start from the AR one
+BLOCK = 4
+_PARTIAL = ".partial-"
+
+
+# Which model decodes with each method: the attention pattern it was trained with.
+MODEL_FOR = {"ar": "ar", "d2f": "block_diffusion", "block_diffusion": "block_diffusion",
+             "llada": "mdm", "dream": "mdm", "fast_dllm": "mdm"}
+STEPS = {"ar": 800, "block_diffusion": 400, "mdm": 500}
+
+
+def model_for(method: str) -> str:
+  """The demo model that decodes with `method` (see MODEL_FOR)."""
+  if method not in MODEL_FOR:
+    raise ValueError(f"the demo has no model for method {method!r}; use one of "
+                     f"{sorted(MODEL_FOR)}.")
+  return MODEL_FOR[method]
+
+
+def training_config(name: str, root: Path | None = None):
+  """The training config of demo model `name`: a small network on two-digit addition.
+
+  The diffusion models start from the AR model in `root` (`train.init_from`) with Dream's
+  shifted logits (the prediction for slot i is read at i - 1, where the AR model predicts
+  its next token), which is what lets them learn the task in a few hundred steps.
+  """
+  c = config_lib.tiny_arithmetic_config()  # char tokenizer, 8-slot answer canvas, block 4
+  c.model.d_model, c.model.n_layers, c.model.mlp_dim = 64, 2, 256
+  c.model.n_heads, c.model.n_kv_heads = 4, 4
+  c.data.train_size = 20_000
+  c.opt.lr = 1e-2
+  c.opt.warmup_steps = 50
+  c.opt.weight_decay = 0.1
+  c.train.batch_size = 64
+  c.train.log_every = 10_000     # quiet: one line at the end
+  c.train.eval_every = 0         # the final eval only
+  c.train.eval_batches = 1
+  c.train.ckpt_every = 0         # one checkpoint, at the end
+  c.train.keep = 1
+  c.train.async_checkpoints = False
+  c.decode.eval_examples = 0
+  if name not in ORDER:
+    raise ValueError(f"unknown demo model {name!r}; the demo has {ORDER}.")
+  c.train.steps = STEPS[name]
+  c.objective.name = name
+  c.decode.method = {"ar": "ar", "block_diffusion": "block_diffusion", "mdm": "llada"}[name]
+  if name != "ar":
+    c.model.shift_logits = True
+    c.opt.lr = 3e-3
+    c.train.init_from = str(Path(root or ".") / "ar")
+    c.objective.options = ({"block_size": BLOCK, "sft": True} if name == "block_diffusion"
+                           else {"sft": True})
+  return config_lib.finalize(c)
+
+
+def recipe() -> dict:
+  """Every training config of the demo, as JSON-able dicts (what the cache is keyed by)."""
+  out = {name: json.loads(config_lib.to_json(training_config(name))) for name in ORDER}
+  for config in out.values():  # where the build ran is not part of the recipe
+    config["train"]["init_from"] = None
+  return out
+
+
+def cache_root() -> Path:
+  root = os.environ.get(CACHE_ENV)
+  return Path(root).expanduser() if root else Path.home() / ".cache" / "dllm_jax"
+
+
+def demo_dir(root: Path | None = None) -> Path:
+  """Where the demo of the current recipe lives (built or not)."""
+  digest = hashlib.sha256(json.dumps(recipe(), sort_keys=True).encode()).hexdigest()[:12]
+  return (cache_root() if root is None else Path(root)) / "demo" / digest
+
+
+def is_built(path: Path) -> bool:
+  return (path / "recipe.json").is_file() and all((path / n).is_dir() for n in ORDER)
+
+
+def model_dir(method: str, root: Path | None = None) -> Path:
+  """The workdir of the model that decodes with `method`."""
+  return (demo_dir() if root is None else Path(root)) / model_for(method)
+
+
+def _stderr(message: str) -> None:
+  print(message, file=sys.stderr, flush=True)
+
+
+def ensure(root: Path | None = None, *, log: Callable[[str], None] = _stderr) -> Path:
+  """The built demo directory, training it first if the cache lacks it."""
+  target = demo_dir(root)
+  if is_built(target):
+    return target
+  from dllm_jax.training import trainer
+  target.parent.mkdir(parents=True, exist_ok=True)
+  for stale in target.parent.glob(f".{target.name}{_PARTIAL}*"):  # left by a killed build
+    if not _owned_by_live_process(stale):
+      shutil.rmtree(stale, ignore_errors=True)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}{_PARTIAL}{os.getpid()}-",
+                              dir=target.parent))
+  log(f"[demo] first use: training the demo models into {target} (1700 small steps: minutes "
+      "on a CPU; cached afterwards)")
+  try:
+    for name in ORDER:
+      with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the answers
+        final = trainer.train(training_config(name, tmp), tmp / name)
+      log(f"[demo] {name}: eval accuracy {final.get('eval/accuracy', float('nan')):.3f}")
+    (tmp / "recipe.json").write_text(json.dumps(recipe(), indent=1, sort_keys=True))
+    try:
+      os.rename(tmp, target)
+    except OSError:  # another process finished the same build first: use theirs
+      if not is_built(target):
+        raise
+      shutil.rmtree(tmp, ignore_errors=True)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return target
+
+
+def _owned_by_live_process(path: Path) -> bool:
+  """Whether a partial build directory belongs to a process that is still running."""
+  pid = path.name.split(_PARTIAL, 1)[-1].split("-", 1)[0]
+  if not pid.isdigit():
+    return False
+  try:
+    os.kill(int(pid), 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True

@@ -1,0 +1,118 @@
+"""The built-in demo: built by the package's trainer once per session into a temporary cache,
+then every method answers arithmetic with it; builds are all-or-nothing."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dllm_jax import decoding, demo, generate
+from dllm_jax.sampler import Sampler
+from dllm_jax.training import trainer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory):
+  """$DLLM_JAX_CACHE pointing at a session cache holding the built demo (one build)."""
+  root = tmp_path_factory.getbasetemp() / "dllm_jax_cache"
+  saved = os.environ.get(demo.CACHE_ENV)
+  os.environ[demo.CACHE_ENV] = str(root)
+  demo.ensure()
+  yield root
+  if saved is None:
+    os.environ.pop(demo.CACHE_ENV, None)
+  else:
+    os.environ[demo.CACHE_ENV] = saved
+
+
+def _held_out(n=48, seed=7):
+  rng = np.random.default_rng(seed)
+  pairs = rng.integers(0, 100, (n, 2))  # the training distribution: operands in [0, 100)
+  return [f"{a}+{b}=" for a, b in pairs], [str(a + b) for a, b in pairs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(decoding.METHODS))
+def test_every_method_adds(demo_cache, method):
+  sampler = Sampler.load("demo", method)
+  assert sampler.sample("37+48=") == "85"
+  prompts, answers = _held_out()
+  got = sampler.sample(prompts)
+  accuracy = np.mean([g == a for g, a in zip(got, answers)])
+  assert accuracy >= 0.8, (method, accuracy, list(zip(got, answers))[:8])
+
+
+@pytest.mark.slow
+def test_cached_build_is_reused(demo_cache, monkeypatch):
+  path = demo.demo_dir()
+  assert path.parent.parent == demo_cache and demo.is_built(path)
+  assert json.loads((path / "recipe.json").read_text()) == demo.recipe()
+  monkeypatch.setattr(trainer, "train", lambda *a, **k: pytest.fail("retrained"))
+  assert demo.ensure() == path
+  assert demo.model_dir("d2f") == path / "block_diffusion"
+  assert demo.model_dir("ar") == path / "ar" and demo.model_dir("llada") == path / "mdm"
+
+
+@pytest.mark.slow
+def test_cli_demo_prints_the_answer(demo_cache, capsys):
+  assert generate.main(["--model", "demo", "--method", "d2f", "--prompt", "37+48="]) == 0
+  assert capsys.readouterr().out == "85\n"
+
+
+@pytest.mark.slow
+def test_cli_demo_in_a_fresh_process(demo_cache):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+  proc = subprocess.run([sys.executable, "-m", "dllm_jax.generate", "--model", "demo",
+                         "--method", "d2f", "--prompt", "37+48="], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout == "85\n"
+  assert "first use" not in proc.stderr  # the session's cache was used
+
+
+def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):
+  monkeypatch.setenv(demo.CACHE_ENV, str(tmp_path))
+  calls = []
+
+  def interrupted(config, workdir):
+    os.makedirs(workdir)
+    (workdir / "config.json").write_text("{}")
+    calls.append(workdir)
+    if len(calls) == 2:
+      raise KeyboardInterrupt
+    return {}
+
+  monkeypatch.setattr(trainer, "train", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    demo.ensure(log=lambda _: None)
+  assert len(calls) == 2
+  parent = demo.demo_dir().parent
+  assert list(parent.iterdir()) == []  # neither the target nor a partial directory
+
+
+def test_stale_partial_build_is_swept(tmp_path, monkeypatch):
+  monkeypatch.setenv(demo.CACHE_ENV, str(tmp_path))
+  target = demo.demo_dir()
+  target.parent.mkdir(parents=True)
+  dead = target.parent / f".{target.name}.partial-999999999-x"  # no such process
+  live = target.parent / f".{target.name}.partial-{os.getpid()}-y"
+  dead.mkdir()
+  live.mkdir()
+
+  def fake_train(config, workdir):
+    os.makedirs(workdir / "checkpoints")
+    return {}
+
+  monkeypatch.setattr(trainer, "train", fake_train)
+  assert demo.ensure(log=lambda _: None) == target
+  assert demo.is_built(target) and not dead.exists() and live.exists()
+
+
+def test_unknown_method_is_named():
+  with pytest.raises(ValueError, match="no model for method 'beam'"):
+    demo.model_for("beam")
