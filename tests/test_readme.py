@@ -78,7 +78,8 @@ def prose(markdown: str) -> str:
 
 
 def inline_spans(markdown: str) -> list[str]:
-  return re.findall(r"`([^`\n]+)`", prose(markdown))
+  """Inline `code` spans (a span may wrap onto the next line, as in Markdown)."""
+  return [" ".join(s.split()) for s in re.findall(r"`([^`]+)`", prose(markdown))]
 
 
 def inline_commands(markdown: str) -> list[str]:
@@ -87,14 +88,21 @@ def inline_commands(markdown: str) -> list[str]:
           for c in shell_commands(s)]
 
 
+ELIDED = " <...>"  # marks a command whose arguments the README elides with a bare `...`
+
+
 def shell_commands(script: str) -> list[str]:
-  """Commands of a bash block: continuations joined, comments dropped, `&&` chains split."""
+  """Commands of a bash block: continuations joined, comments dropped, `&&` chains split; a
+  trailing unquoted `...` becomes ELIDED (a quoted "..." stays an argument)."""
   joined = re.sub(r"\\\n\s*", " ", script)
   out = []
   for line in joined.splitlines():
     line = line.strip()
     if not line or line.startswith("#"):
       continue
+    elided = bool(re.search(r"\s\.\.\.$", line))
+    if elided:
+      line = line[:-3].rstrip()
     lexer = shlex.shlex(line, posix=True, punctuation_chars="&|;")
     lexer.whitespace_split = True
     parts, current = [], []
@@ -105,7 +113,10 @@ def shell_commands(script: str) -> list[str]:
       else:
         current.append(token)
     parts.append(current)
-    out += [shlex.join(p) for p in parts if p]
+    commands = [shlex.join(p) for p in parts if p]
+    if elided:
+      commands[-1] += ELIDED
+    out += commands
   return out
 
 
@@ -116,10 +127,9 @@ CHECKPOINTS: dict[str, Callable[[Path], object]] = {
     "/ckpt/LLaDA-8B-Instruct": tiny_llada.write_llada_instruct,
     "/ckpt/D2F_LLaDA_LoRA": tiny_llada.write_d2f_adapter,
 }
-LENGTHS = [(r"--gen_length(=|\s+)256\b", r"--gen_length\g<1>48"),
-           (r"\bsteps=256\b", "steps=48")]
-TINY_MODEL = {"model.d_model": 32, "model.n_layers": 1, "model.mlp_dim": 64,
-              "model.n_heads": 2, "model.n_kv_heads": 2}
+LENGTHS = [(r"--gen_length(=|\s+)256\b", r"--gen_length\g<1>64"),
+           (r"\bsteps=256\b", "steps=64")]
+TINY_MODEL = {"model.d_model": 32, "model.n_layers": 1, "model.mlp_dim": 64}
 STUDY_OVERRIDES = (
     [f"--config.models.{m}.{k}={v}" for m in ("ar", "mdm", "d2f") for k, v in
      {**TINY_MODEL, "train.steps": 2, "train.batch_size": 8, "train.log_every": 1,
@@ -164,12 +174,12 @@ class Workspace:
 
 def fill_elision(command: str, previous: str | None) -> str:
   """`cmd --a 1 ...` -> `cmd --a 1` + the previous command's options that it does not set."""
-  if not command.endswith(" ..."):
+  if not command.endswith(ELIDED):
     return command
   if previous is None:
     raise AssertionError(f"{command!r} elides its arguments with '...' but no command precedes "
                          "it in its block")
-  argv = shlex.split(command[:-4])
+  argv = shlex.split(command.removesuffix(ELIDED))
   given = {a for a in argv if a.startswith("--")}
   prev = shlex.split(previous)
   i, extra = 0, []
@@ -314,7 +324,10 @@ def test_parsers():
   assert [(b.lang, b.line) for b in fenced_blocks(md)] == [("bash", 2), ("python", 7)]
   assert shell_commands(fenced_blocks(md)[0].text) == ["foo --bar 1", "baz 'a b'"]
   assert inline_spans(md) == ["python x.py"]
-  assert fill_elision("g --model m --mesh 8 ...", "g --model x --opt a=1 --opt b=2 --prompt '...'"
+  (elided,) = shell_commands("g --model m --mesh 8 ...")
+  assert elided == "g --model m --mesh 8" + ELIDED
+  assert shell_commands('g --prompt "..."') == ["g --prompt ..."]  # an argument, not elision
+  assert fill_elision(elided, "g --model x --opt a=1 --opt b=2 --prompt '...'"
                       ) == "g --model m --mesh 8 --opt a=1 --opt b=2 --prompt ..."
   assert ci_commands()[-1] == "python -m pytest -q"
 
@@ -327,7 +340,7 @@ def test_every_block_and_command_has_a_rule():
         f"{sorted(RUNNABLE_LANGS)} blocks only: add a rule for this language")
     if block.lang != "python":
       for command in shell_commands(block.text):
-        rule_for(command.removesuffix(" ..."))
+        rule_for(command.removesuffix(ELIDED))
   for command in inline_commands(readme()):
     rule_for(command)
 
@@ -362,7 +375,7 @@ def test_readme_commands_run(tmp_path):
     ws.checkpoint(path)
   previous: dict[str, str] = {}
   for where, command in _shell_cases():
-    rule = rule_for(command.removesuffix(" ..."))
+    rule = rule_for(command.removesuffix(ELIDED))
     filled = fill_elision(command, previous.get(where))
     previous[where] = filled
     try:
