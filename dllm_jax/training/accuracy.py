@@ -51,12 +51,16 @@ def exact_match(exp, params, source, rng: jax.Array) -> dict[str, float]:
   suite = data_lib.make_suite(config.data)
   options = decode_options(config, layout)
   size = min(int(config.decode.batch_size), n)
+  model_cfg = exp.model_cfg
+  if exp.tokenizer.vocab_size < model_cfg.vocab_size:
+    # An undertrained model must not emit ids past the tokenizer's (they decode to nothing).
+    model_cfg = model_cfg.replace(active_vocab_size=int(exp.tokenizer.vocab_size))
   correct, committed, forwards, lengths = [], 0.0, 0.0, []
   for start in range(0, n, size):
     chunk = examples[start:start + size]
     prompts = [e.prompt for e in chunk] + [chunk[-1].prompt] * (size - len(chunk))
     enc = layout.encode_prompts(prompts)
-    out = decode_api.generate(params, exp.model_cfg, (enc["tokens"], enc["valid"]),
+    out = decode_api.generate(params, model_cfg, (enc["tokens"], enc["valid"]),
                               method=config.decode.method,
                               rng=jax.random.fold_in(rng, start), mesh=exp.mesh,
                               rules=exp.rules, **options)
