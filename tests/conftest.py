@@ -85,3 +85,18 @@ def compile_cache(_compile_cache_dir):
   yield _compile_cache_dir
   for name, value in saved.items():
     jax.config.update(name, value)
+
+
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory):
+  """$DLLM_JAX_CACHE pointing at a session cache holding the built demo (one build)."""
+  from dllm_jax import demo
+  root = tmp_path_factory.getbasetemp() / "dllm_jax_cache"
+  saved = os.environ.get(demo.CACHE_ENV)
+  os.environ[demo.CACHE_ENV] = str(root)
+  demo.ensure()
+  yield root
+  if saved is None:
+    os.environ.pop(demo.CACHE_ENV, None)
+  else:
+    os.environ[demo.CACHE_ENV] = saved

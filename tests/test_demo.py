@@ -16,20 +16,6 @@ from dllm_jax.training import trainer
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="session")
-def demo_cache(tmp_path_factory):
-  """$DLLM_JAX_CACHE pointing at a session cache holding the built demo (one build)."""
-  root = tmp_path_factory.getbasetemp() / "dllm_jax_cache"
-  saved = os.environ.get(demo.CACHE_ENV)
-  os.environ[demo.CACHE_ENV] = str(root)
-  demo.ensure()
-  yield root
-  if saved is None:
-    os.environ.pop(demo.CACHE_ENV, None)
-  else:
-    os.environ[demo.CACHE_ENV] = saved
-
-
 def _held_out(n=48, seed=7):
   rng = np.random.default_rng(seed)
   pairs = rng.integers(0, 100, (n, 2))  # the training distribution: operands in [0, 100)

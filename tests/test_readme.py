@@ -223,7 +223,8 @@ class Rule:
   run: Callable[[str, Workspace], None]
 
 
-def run_shell(command: str, *, devices: int = 1, timeout: float = 900.0, cwd=REPO) -> str:
+def run_shell(command: str, *, devices: int = 1, timeout: float = 900.0, cwd=REPO,
+              stderr: bool = False) -> str:
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
              PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")]
                                                       if p]),
@@ -234,7 +235,7 @@ def run_shell(command: str, *, devices: int = 1, timeout: float = 900.0, cwd=REP
   if proc.returncode:
     raise AssertionError(f"README command failed ({proc.returncode}): {command}\n--- stdout ---\n"
                          f"{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-5000:]}")
-  return proc.stdout
+  return proc.stdout + (proc.stderr if stderr else "")
 
 
 def in_ci(command: str, ws: Workspace) -> None:
@@ -270,7 +271,7 @@ def train(command: str, ws: Workspace) -> None:
 
 
 def generate_cli(command: str, ws: Workspace) -> None:
-  out = run_shell(command, devices=8)
+  out = run_shell(command, devices=8, stderr=True)  # answers on stdout, the stats on stderr
   assert "tok/s" in out and "NFE" in out, out[-2000:]
 
 
@@ -350,7 +351,7 @@ def test_every_block_and_command_has_a_rule():
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(sum(b.lang == "python"
                                             for b in fenced_blocks(README.read_text()))))
-def test_python_block_runs(index, tmp_path, run_devices):
+def test_python_block_runs(index, tmp_path, run_devices, demo_cache):
   block = [b for b in fenced_blocks(readme()) if b.lang == "python"][index]
   code = Workspace(tmp_path).substitute(block.text)
   run_devices(code, devices=8)
@@ -366,7 +367,7 @@ def _shell_cases():
 
 
 @pytest.mark.slow
-def test_readme_commands_run(tmp_path):
+def test_readme_commands_run(tmp_path, demo_cache):
   """Runs every command in README order (a block's commands may use what earlier ones made).
 
   One test, so that the checkpoints written for `/ckpt/...` and the `runs/` dirs are shared
