@@ -444,8 +444,8 @@ def block_diffusion_generate(params, cfg: ModelConfig, prompt_tokens, prompt_val
       cfg, gen_length=gen_length, block_length=block_length, block_size=block_size,
       steps_per_block=steps_per_block, temperature=temperature, remasking=remasking,
       use_cache=use_cache)
-  return _generate(params, cfg, opts.spec, opts.limits, prompt_tokens, prompt_valid, rng, mesh, rules,
-                   return_state, on_nonfinite)
+  return _generate(params, cfg, opts.spec, opts.limits, prompt_tokens, prompt_valid, rng, mesh,
+                   rules, return_state, on_nonfinite)
 
 
 def prepare(params, cfg, spec, limits, prompt, valid, rng, mesh, rules):
