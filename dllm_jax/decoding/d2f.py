@@ -60,7 +60,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from dllm_jax.decoding import base, sampling
+from dllm_jax.decoding import base, llada, sampling
 from dllm_jax.decoding import d2f_state as ds
 from dllm_jax.decoding.d2f_state import D2FSpec, D2FState
 from dllm_jax.models import kv_cache as kvc
@@ -113,9 +113,9 @@ def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
       raise ValueError(f"steps_per_block={steps_per_block} must lie in [1, block_length="
                        f"{block_size}]: each step commits at least one token.")
   base.check_number("temperature", temperature, low=0.0)
-  if remasking not in sampling.CONFIDENCE_KINDS:
-    raise ValueError(f"Unknown remasking {remasking!r}; use one of "
-                     f"{sampling.CONFIDENCE_KINDS}.")
+  if remasking not in llada.REMASKING:  # LLaDA's / Dream's names are accepted too
+    raise ValueError(f"Unknown remasking {remasking!r}; use one of {tuple(llada.REMASKING)}.")
+  remasking = llada.REMASKING[remasking]
   if cfg.mask_token_id is None:
     raise ValueError(f"model config {cfg.name!r} has no mask_token_id; D2F needs one.")
   pad = next((i for i in (cfg.pad_token_id, cfg.eos_token_id) if i is not None), 0)
