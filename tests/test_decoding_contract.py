@@ -205,11 +205,10 @@ def test_traced_temperature_zero_is_exactly_greedy(model):
 # ----------------------------------------------------------------------------- non-finite
 
 def _nan_params(params):
-  q = params["layers"]["attn"]["q"]["kernel"]
-  return jax.tree_util.tree_map(lambda x: x, {
-      **params, "layers": {**params["layers"], "attn": {
-          **params["layers"]["attn"], "q": {**params["layers"]["attn"]["q"],
-                                            "kernel": q.at[0, 0, 0].set(jnp.nan)}}}})
+  """The params with one NaN in layer 0's q kernel (every row's logits become NaN)."""
+  def poison(path, x):
+    return x.at[0, 0, 0].set(jnp.nan) if "'q'" in jax.tree_util.keystr(path) else x
+  return jax.tree_util.tree_map_with_path(poison, params)
 
 
 @pytest.mark.parametrize("method", list(RUNS))

@@ -29,8 +29,12 @@ Option vocabulary (one name and one default per concept; `api.option_names(metho
   tau_add, tau_act, tau_conf  0.1, 0.95, 0.9   d2f       traced   D2F block thresholds
   max_active_blocks  None (no bound)  d2f                static   blocks in flight
   steps_per_block block_length      block_diffusion      static   forwards per block
-  remasking       "probability"     d2f, block_diffusion static   sampling.CONFIDENCE_KINDS
+  remasking       "probability"     d2f, block_diffusion static   confidence ranking
   use_cache       True              d2f, block_diffusion static   exact K/V cache
+
+remasking takes the same names in every diffusion method: LLaDA's "low_confidence" /
+"random", Dream's "maskgit_plus" / "topk_margin" / "entropy" / "origin", and "probability" /
+"margin" (`llada.REMASKING`).
 
 Traced options are data, not compile keys: sweeping them never recompiles. Every method
 checks prompt + gen_length <= max_seq_len with one check (`base.check_window`) whose message

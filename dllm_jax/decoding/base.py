@@ -270,7 +270,8 @@ def decode_output(tokens, lengths, nfe, steps, committed, done, finite, pad_id: 
 
 def raise_if_nonfinite(out: DecodeOutput, on_nonfinite: str = "raise") -> DecodeOutput:
   """Raises NonFiniteLogitsError naming the flagged rows (on_nonfinite="raise")."""
-  if on_nonfinite == "raise" and out.finite is not None:
+  if on_nonfinite == "raise" and out.finite is not None and not isinstance(
+      out.finite, jax.core.Tracer):  # traced (e.g. generate under eval_shape): nothing to check
     finite = np.asarray(out.finite)
     if not finite.all():
       raise NonFiniteLogitsError(np.flatnonzero(~finite), out)

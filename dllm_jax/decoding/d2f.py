@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from dllm_jax.decoding import base, sampling
+from dllm_jax.decoding import base, llada, sampling
 from dllm_jax.decoding import d2f_state as ds
 from dllm_jax.decoding.d2f_state import D2FSpec, D2FState
 from dllm_jax.models import kv_cache as kvc
@@ -118,9 +118,9 @@ def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
       raise ValueError(f"steps_per_block={steps_per_block} must lie in [1, block_length="
                        f"{block_size}]: each step commits at least one token.")
   base.check_number("temperature", temperature, low=0.0)
-  if remasking not in sampling.CONFIDENCE_KINDS:
-    raise ValueError(f"Unknown remasking {remasking!r}; use one of "
-                     f"{sampling.CONFIDENCE_KINDS}.")
+  if remasking not in llada.REMASKING:  # LLaDA's / Dream's names are accepted too
+    raise ValueError(f"Unknown remasking {remasking!r}; use one of {tuple(llada.REMASKING)}.")
+  remasking = llada.REMASKING[remasking]
   if window not in ds.WINDOW_POLICIES:
     raise ValueError(f"Unknown window policy {window!r}; use one of {ds.WINDOW_POLICIES} "
                      "(fitted: forward only the blocks in flight; full: the widest window).")
@@ -489,8 +489,8 @@ def block_diffusion_generate(params, cfg: ModelConfig, prompt_tokens, prompt_val
       cfg, gen_length=gen_length, block_length=block_length, block_size=block_size,
       steps_per_block=steps_per_block, temperature=temperature, remasking=remasking,
       use_cache=use_cache)
-  return _generate(params, cfg, opts.spec, opts.limits, prompt_tokens, prompt_valid, rng, mesh, rules,
-                   return_state, on_nonfinite)
+  return _generate(params, cfg, opts.spec, opts.limits, prompt_tokens, prompt_valid, rng, mesh,
+                   rules, return_state, on_nonfinite)
 
 
 def prepare(params, cfg, spec, limits, prompt, valid, rng, mesh, rules):

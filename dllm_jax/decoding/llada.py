@@ -53,6 +53,7 @@ REMASKING = {
     "low_confidence": "probability", "random": "random",                  # LLaDA
     "maskgit_plus": "probability", "topk_margin": "margin",               # Dream
     "entropy": "entropy", "origin": "random",
+    "probability": "probability", "margin": "margin",                     # D2F's names
 }
 
 
