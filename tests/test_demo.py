@@ -23,7 +23,7 @@ def _held_out(n=48, seed=7):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", sorted(decoding.METHODS))
+@pytest.mark.parametrize("method", sorted(demo.MODEL_FOR))
 def test_every_method_adds(demo_cache, method):
   sampler = Sampler.load("demo", method)
   assert sampler.sample("37+48=") == "85"
