@@ -130,6 +130,8 @@ class FastState:
     fresh: [B] bool the row's next forward starts its block (the cache refresh).
     step: [] int32 loop steps; nfe: [] int32 batched forward calls (one per step).
     forwards: [B] int32 forwards in which the row was live (its NFE decoding alone).
+    block_forwards: [B, N] int32 of those, the forwards spent in each block (a lockstep
+      batch, whose block advances when every row filled it, would run sum_n max_b of them).
     forward_slots: [] int32 slots the batched forwards carried per row, summed over steps.
     committed: [B] int32 tokens committed; done: [B] bool answer final (row_done).
     rng: PRNG key; knobs: the traced options; finite: [B] bool logits always finite.
@@ -143,6 +145,7 @@ class FastState:
   step: Array
   nfe: Array
   forwards: Array
+  block_forwards: Array
   forward_slots: Array
   committed: Array
   done: Array
@@ -165,7 +168,8 @@ def init_state(params, cfg: ModelConfig, opts: FastDLLMOptions, tokens, valid,
   zeros = lambda *shape: jnp.zeros(shape, jnp.int32)
   return FastState(canvas=canvas, valid=cvalid, positions=positions, cache=cache,
                    block=zeros(b), fresh=jnp.ones((b,), bool), step=zeros(), nfe=zeros(),
-                   forwards=zeros(b), forward_slots=zeros(), committed=zeros(b),
+                   forwards=zeros(b), block_forwards=zeros(b, opts.num_blocks),
+                   forward_slots=zeros(), committed=zeros(b),
                    done=jnp.zeros((b,), bool), rng=rng, knobs=knobs,
                    finite=jnp.ones((b,), bool))
 
@@ -311,6 +315,8 @@ def step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> F
 
   new = state.replace(canvas=canvas, cache=cache, step=state.step + 1, nfe=state.nfe + 1,
                       forwards=state.forwards + live.astype(jnp.int32),
+                      block_forwards=state.block_forwards + (live[:, None] & (
+                          state.block[:, None] == jnp.arange(opts.num_blocks))).astype(jnp.int32),
                       forward_slots=state.forward_slots + width, finite=finite,
                       committed=state.committed + jnp.sum(commit, axis=1, dtype=jnp.int32))
   done = llada.row_done(cfg, *llada.response_view(cfg, opts, new))
