@@ -127,7 +127,8 @@ class FastState:
       positions.
     cache: KVCache of T slots per row (None for cache="none").
     block: [B] int32 each row's current block (N once it filled them all).
-    fresh: [B] bool the row's next forward starts its block (the cache refresh).
+    fresh: [B] bool the row's next forward starts its block (its cache refresh; cache
+      "none" has nothing to refresh).
     step: [] int32 loop steps; nfe: [] int32 batched forward calls (one per step).
     forwards: [B] int32 forwards in which the row was live (its NFE decoding alone).
     block_forwards: [B, N] int32 of those, the forwards spent in each block (a lockstep
@@ -224,7 +225,7 @@ def _full_logits(params, cfg, opts, state: FastState, start: Array) -> Array:
 
 
 def _after_refresh(opts: FastDLLMOptions, cache: kv_cache.KVCache, refresh: Array,
-                   first: Array, start: Array) -> kv_cache.KVCache:
+                   first: Array, lead: int) -> kv_cache.KVCache:
   """Hides, in refreshing rows' freshly written cache, the slots their chunks will carry:
   from the chunk's first slot on (prefix) or only the chunk (dual: the suffix stays)."""
   t = cache.capacity
@@ -232,8 +233,8 @@ def _after_refresh(opts: FastDLLMOptions, cache: kv_cache.KVCache, refresh: Arra
   if opts.cache == "prefix":
     hide, length = slot >= first[:, None], first
   else:  # `length` counts the slots kept, so length + chunk fits the capacity
-    hide = (slot >= first[:, None]) & (slot < start[:, None] + opts.block_length)
-    length = jnp.full_like(first, t - opts.block_length) - (start - first)
+    hide = (slot >= first[:, None]) & (slot < first[:, None] + lead + opts.block_length)
+    length = jnp.full_like(first, t - opts.block_length - lead)
   return cache.replace(
       block_ids=jnp.where(refresh[:, None] & hide, masks.NO_KEY, cache.block_ids),
       length=jnp.where(refresh, length, cache.length))
@@ -272,7 +273,7 @@ def _cached_logits(params, cfg, opts, state: FastState, live: Array, start: Arra
                                 positions=positions, valid=valid, cache=cache,
                                 write_len=jnp.where(refresh, t, 0), head=False)
     logits = _project(params, cfg, opts, hidden, jnp.where(refresh, first, 0))
-    return logits, _after_refresh(opts, cache, refresh, first, start), jnp.asarray(t, jnp.int32)
+    return logits, _after_refresh(opts, cache, refresh, first, lead), jnp.asarray(t, jnp.int32)
 
   if opts.cache == "dual":
     cached = chunk_only(bl + lead)
@@ -375,6 +376,10 @@ def fast_dllm_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=Non
     on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
       "flag" (return them with `finite` False, lengths 0).
     **options: fields of `FastDLLMOptions` (unknown names raise ValueError).
+
+  Returns the `DecodeOutput`; its `nfe` counts batched forward calls (= steps). Every row
+  runs the forwards it would run alone (`FastState.forwards` of the streaming interface), so
+  nfe is the largest of them.
   """
   base.check_on_nonfinite(on_nonfinite)
   opts = base.make_options(FastDLLMOptions, options)
