@@ -96,9 +96,10 @@ def np_rule(conf, candidates, rule, value):
                                                     ("dual", "threshold", 0.5, False),
                                                     ("dual", "threshold", 0.5, True)])
 def test_steps_match_numpy_reference(model, batch, cache, rule, value, shift):
-  """Replays every step: the first step of a block is a plain full forward (no cache); later
-  steps see the block's K/V fresh and the rest as cached at the block's first step. With
-  shifted logits (Dream) slot i reads the output at i - 1, so the chunk starts one earlier."""
+  """Replays every step: a row's first forward in a block is a plain full forward (no cache);
+  its later forwards see the block's K/V fresh and the rest as cached at the row's own first
+  step of that block. Rows move between blocks on their own. With shifted logits (Dream)
+  slot i reads the output at i - 1, so the chunk starts one earlier."""
   cfg, params = model
   cfg = cfg.replace(shift_logits=shift)
   opts = fast_dllm.FastDLLMOptions(gen_length=G, block_length=BL, rule=rule, threshold=value,
@@ -106,19 +107,24 @@ def test_steps_match_numpy_reference(model, batch, cache, rule, value, shift):
   state = fast_dllm.init_state(params, cfg, opts, *batch, jax.random.key(0))
   p = batch[0].shape[1]
   valid, positions = np.asarray(state.valid), np.asarray(state.positions)
-  kv0, nfe, multi = None, 0, False
+  kv0, nfe, multi, apart = None, 0, False, False
+  forwards = np.zeros(len(PROMPTS), int)
   while bool(fast_dllm.running(opts, state)):
     canvas = np.asarray(state.canvas)
-    start = p + int(state.block) * BL
-    slot = np.arange(canvas.shape[1])
+    live = np.asarray(fast_dllm.live_rows(opts, state))
+    fresh = np.asarray(state.fresh)[:, None]
+    start = p + np.asarray(state.block)[:, None] * BL                    # [B, 1]
+    slot = np.arange(canvas.shape[1])[None]
     in_block = (slot >= start) & (slot < start + BL)
-    if bool(state.fresh) or cache == "none":
-      logits, kv0 = np_forward(params, cfg, canvas, positions, valid)
-    else:
+    logits, kv_full = np_forward(params, cfg, canvas, positions, valid)
+    if cache != "none":
       first = start - int(shift)
       reuse = slot < first if cache == "prefix" else (slot < first) | (slot >= start + BL)
-      logits, _ = np_forward(params, cfg, canvas, positions, valid, kv0,
-                             np.broadcast_to(reuse, canvas.shape))
+      kv0 = kv_full if kv0 is None else kv0
+      cached, _ = np_forward(params, cfg, canvas, positions, valid, kv0, reuse)
+      logits = np.where(fresh[..., None], logits, cached)
+      kv0 = [tuple(np.where(fresh[..., None, None], new, old) for new, old in zip(kn, ko))
+             for kn, ko in zip(kv_full, kv0)]
     if shift:
       logits = np.concatenate([logits[:, :1], logits[:, :-1]], 1)
     logits[..., cfg.mask_token_id] = -np.inf
@@ -127,14 +133,18 @@ def test_steps_match_numpy_reference(model, batch, cache, rule, value, shift):
     conf = np.take_along_axis(prob / prob.sum(-1, keepdims=True), x0[..., None], -1)[..., 0]
     expect = canvas.copy()
     for r in range(canvas.shape[0]):
-      cand = in_block & (canvas[r] == cfg.mask_token_id)
+      cand = in_block[r] & (canvas[r] == cfg.mask_token_id) & live[r]
       pick = np_rule(conf[r], cand, rule, value)
       expect[r, pick] = x0[r, pick]
     state = fast_dllm.jit_step(params, cfg, opts, state)
     nfe += 1
+    forwards += live
     np.testing.assert_array_equal(np.asarray(state.canvas), expect)
     multi |= bool(((expect != canvas).sum(1) > 1).any())
-  assert int(state.nfe) == nfe and nfe < G and multi  # it did decode in parallel
+    apart |= len(set(start[live, 0])) > 1
+  assert int(state.nfe) == nfe == forwards.max() and nfe < G and multi  # decoded in parallel
+  np.testing.assert_array_equal(state.forwards, forwards)
+  assert apart  # rows were in different blocks at some step
   assert not np.any(np.asarray(state.canvas)[:, p:] == cfg.mask_token_id)
 
 

@@ -1,30 +1,46 @@
 """Fast-dLLM: confidence-threshold parallel decoding with approximate prefix / dual K/V caches.
 
 Shape legend: B batch, P padded prompt length, G gen_length, T = P + G canvas, V vocab,
-b block_length, N = G // b blocks, L layers, K kv heads, Dh head dim.
+b block_length, N = G // b blocks, W chunk width, L layers, K kv heads, Dh head dim.
 
-Blocks are decoded left to right. Every step commits, in each unfinished row, the masked slots
-of the current block chosen by the rule: `threshold` (confidence > tau, at least the most
-confident one) or `factor` (largest n with c_n >= 1 - f / (n + 1)), so every step commits at
-least one token per unfinished row and the loop ends within G steps. [MASK] is never proposed
-(its logit is -inf), so a model that predicts [MASK] cannot stall it. The block advances when
-every unfinished row has filled it; a row that is ahead waits unchanged, so a batch gives each
-row exactly its one-prompt result.
+Each row decodes its blocks left to right on its own clock: every step commits, in each live
+row, the masked slots of that row's current block chosen by the rule: `threshold`
+(confidence > tau, at least the most confident one) or `factor` (largest n with
+c_n >= 1 - f / (n + 1)), so every step commits at least one token per live row and the loop
+ends within G steps. [MASK] is never proposed (its logit is -inf), so a model that predicts
+[MASK] cannot stall it. A row moves to its next block on the step after it filled the
+current one, whatever the other rows do: a row never waits, so it runs exactly the forwards
+it would run alone (`FastState.forwards`), and the batch runs max over rows of those.
 
-Cache modes (both approximate for a bidirectional model; refreshed once per block):
-  none    every step is a full forward over the T-slot canvas.
-  prefix  the block's first step is a full forward that writes K/V of all T slots; later steps
-          forward only `current block + suffix` ([B, G - n*b] rows, one static shape per block,
-          picked by `lax.switch`) attending to the cached prefix (prompt + finished blocks).
-  dual    as prefix, but the suffix K/V is kept too and later steps forward only the [B, b]
-          block.
-The cache holds all T slots in canvas order; the forwarded slots are hidden (block id NO_KEY)
-so the chunk attends to `visible cache ++ itself`, at its canvas positions, writing nothing.
-For shifted-logits models (Dream) the chunk also re-forwards the slot before the block, whose
-output predicts the block's first slot.
+Cache modes (both approximate for a bidirectional model; refreshed once per block, per row):
+  none    every forward is a full forward over the T-slot canvas.
+  prefix  a row's first forward in a block (its refresh) is a full forward that writes K/V of
+          all T slots; its later forwards carry only `current block + suffix` attending to
+          the cached prefix (prompt + finished blocks).
+  dual    as prefix, but the suffix K/V is kept too and later forwards carry only the block.
+The cache holds all T slots in canvas order; the slots a row's chunk carries are hidden
+(block id NO_KEY), so the chunk attends to `visible cache ++ itself`, at its canvas positions,
+writing nothing. For shifted-logits models (Dream) the chunk also carries the slot before the
+block, whose output predicts the block's first slot.
 
-NFE counts forwards (full or chunk). Early stop as in `llada.py`: a row whose answer is final
-stops committing; that cannot change any output.
+One batched step runs one forward of the whole batch. Rows start blocks at different steps, so
+in one step some rows may refresh while the others take a cached step:
+  * no row refreshes: each row's chunk is gathered at its own block ([B, W] input, W = b + lead
+    for dual; for prefix the widest `block + suffix` of the batch, picked by `lax.switch`, slots
+    past a row's own suffix invalid).
+  * some row refreshes: one full-width forward ([B, T] input, cache of T slots) in which a
+    refreshing row carries its canvas (its cache hidden, all T slots written) and every other
+    row carries its chunk padded to T (invalid slots, nothing written). Each row's logits are
+    those of the forward it would run alone; only refreshing rows rewrite their cache. Such a
+    step costs a full forward for the whole batch (the lockstep decoder had one per block;
+    per-row, up to one per block and row): `forward_slots` adds up what the steps carried.
+Only the block's b slots go through the LM head (`Transformer(head=False)` + `project`).
+
+Counts: `DecodeOutput.nfe` (= `steps`) is batched forward calls, one per loop step;
+`FastState.forwards` [B] is each row's own forwards, equal to its NFE decoding alone, and
+nfe = max over rows of it. Early stop as in `llada.py`: a row whose answer is final stops
+(no commits, no forwards); that cannot change any output. Random keys fold in the row's own
+forward count and its index, so a row's draws never depend on the other rows.
 
 threshold, factor and temperature are traced (`FastDLLMOptions.split`): sweeping them never
 recompiles. A row whose block logits are ever non-finite is flagged (`DecodeOutput.finite`).
@@ -43,7 +59,7 @@ import numpy as np
 from dllm_jax.decoding import base, llada, sampling
 from dllm_jax.models import kv_cache, masks
 from dllm_jax.models.config import ModelConfig
-from dllm_jax.models.transformer import Transformer
+from dllm_jax.models.transformer import Transformer, project
 
 Array = jnp.ndarray
 RULES = ("threshold", "factor")
@@ -104,8 +120,23 @@ class FastDLLMOptions:
 
 @flax.struct.dataclass
 class FastState:
-  """Loop carry. canvas/valid/positions [B, T]; cache of T slots (None without cache);
-  block/fresh/step/nfe []; committed/done [B]."""
+  """Loop carry, one row per prompt; every field has a static shape.
+
+  Attributes:
+    canvas, valid, positions: [B, T] tokens ([MASK] where undecided), real-slot mask, RoPE
+      positions.
+    cache: KVCache of T slots per row (None for cache="none").
+    block: [B] int32 each row's current block (N once it filled them all).
+    fresh: [B] bool the row's next forward starts its block (its cache refresh; cache
+      "none" has nothing to refresh).
+    step: [] int32 loop steps; nfe: [] int32 batched forward calls (one per step).
+    forwards: [B] int32 forwards in which the row was live (its NFE decoding alone).
+    block_forwards: [B, N] int32 of those, the forwards spent in each block (a lockstep
+      batch, whose block advances when every row filled it, would run sum_n max_b of them).
+    forward_slots: [] int32 slots the batched forwards carried per row, summed over steps.
+    committed: [B] int32 tokens committed; done: [B] bool answer final (row_done).
+    rng: PRNG key; knobs: the traced options; finite: [B] bool logits always finite.
+  """
   canvas: Array
   valid: Array
   positions: Array
@@ -114,6 +145,9 @@ class FastState:
   fresh: Array
   step: Array
   nfe: Array
+  forwards: Array
+  block_forwards: Array
+  forward_slots: Array
   committed: Array
   done: Array
   rng: Array
@@ -131,40 +165,20 @@ def init_state(params, cfg: ModelConfig, opts: FastDLLMOptions, tokens, valid,
   canvas, cvalid, positions = base.init_canvas(tokens, valid, opts.gen_length, cfg.mask_token_id)
   b, t = canvas.shape
   cache = None if opts.cache == "none" else kv_cache.init_cache(cfg, b, t)
-  zero = lambda: jnp.zeros((), jnp.int32)  # distinct buffers: the state may be donated
-  return FastState(canvas=canvas, valid=cvalid, positions=positions, cache=cache, block=zero(),
-                   fresh=jnp.ones((), bool), step=zero(), nfe=zero(),
-                   committed=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), rng=rng,
-                   knobs=knobs, finite=jnp.ones((b,), bool))
+  # Distinct buffers: the state may be donated.
+  zeros = lambda *shape: jnp.zeros(shape, jnp.int32)
+  return FastState(canvas=canvas, valid=cvalid, positions=positions, cache=cache,
+                   block=zeros(b), fresh=jnp.ones((b,), bool), step=zeros(), nfe=zeros(),
+                   forwards=zeros(b), block_forwards=zeros(b, opts.num_blocks),
+                   forward_slots=zeros(), committed=zeros(b),
+                   done=jnp.zeros((b,), bool), rng=rng, knobs=knobs,
+                   finite=jnp.ones((b,), bool))
 
 
-def _block_start(opts: FastDLLMOptions, state: FastState) -> Array:
-  return state.canvas.shape[1] - opts.gen_length + state.block * opts.block_length
-
-
-def _block_logits(logits: Array, start, bl: int) -> Array:
-  return jax.lax.dynamic_slice_in_dim(logits, start, bl, axis=1)
-
-
-def _refresh(params, cfg, opts, state: FastState):
-  """Full forward writing K/V of all T slots; hides the slots later chunks will forward."""
-  t = state.canvas.shape[1]
-  start = _block_start(opts, state)
-  # Forget every slot: the full forward must not see the previous block's cache.
-  empty = kv_cache.truncate(state.cache, jnp.zeros_like(state.cache.length))
-  logits, cache = Transformer(cfg).apply(
-      {"params": params}, state.canvas, block_ids=jnp.zeros_like(state.canvas),
-      positions=state.positions, valid=state.valid, cache=empty, write_len=t)
-  b, bl = state.canvas.shape[0], opts.block_length
-  first = start - _lead(cfg)
-  if opts.cache == "prefix":  # forget the block and the suffix
-    cache = kv_cache.truncate(cache, jnp.full((b,), first, jnp.int32))
-  else:  # hide the block; `length` counts the slots kept, so length + chunk fits capacity
-    slot = jnp.arange(t)[None, :]
-    hide = (slot >= first) & (slot < start + bl)
-    cache = cache.replace(block_ids=jnp.where(hide, masks.NO_KEY, cache.block_ids),
-                          length=jnp.full((b,), t - bl - _lead(cfg), jnp.int32))
-  return _block_logits(logits, start, bl), cache
+def live_rows(opts: FastDLLMOptions, state: FastState) -> Array:
+  """[B] bool rows that run this step: blocks left and (with early stop) answer not final."""
+  more = state.block < opts.num_blocks
+  return more & ~state.done if opts.early_stop else more
 
 
 def _lead(cfg: ModelConfig) -> int:
@@ -173,74 +187,149 @@ def _lead(cfg: ModelConfig) -> int:
   return int(cfg.shift_logits)
 
 
-def _chunk_logits(params, cfg, state: FastState, first: int, width: int) -> Array:
-  """Forwards canvas slots [first, first + width) against the cache, writing nothing."""
-  take = lambda x: jax.lax.dynamic_slice_in_dim(x, first, width, axis=1)
-  chunk = take(state.canvas)
-  logits, _ = Transformer(cfg).apply(
-      {"params": params}, chunk, block_ids=jnp.zeros_like(chunk), positions=take(state.positions),
-      cache=state.cache, write_len=0)
-  return logits
+def _block_starts(opts: FastDLLMOptions, state: FastState) -> Array:
+  """[B] canvas slot of each row's current block (T for a row past its last block)."""
+  return state.canvas.shape[1] - opts.gen_length + state.block * opts.block_length
 
 
-def _cached_step_logits(params, cfg, opts, state: FastState):
-  """[B, b, V] logits of the current block and the cache to carry."""
-  bl, g, lead = opts.block_length, opts.gen_length, _lead(cfg)
-  p = state.canvas.shape[1] - g
+def _gather(x: Array, idx: Array) -> Array:
+  """x[b, idx[b, j]] for [B, T] x and [B, W] idx (clipped into [0, T))."""
+  return jnp.take_along_axis(x, jnp.clip(idx, 0, x.shape[1] - 1), axis=1)
+
+
+def _chunk(state: FastState, first: Array, width: int, carried: int):
+  """Each row's canvas slots [first, first + width) as forward inputs.
+
+  Returns [B, W] tokens, positions and valid; a slot is valid when it is among the first
+  `carried` and inside the canvas (so a row nearer the end carries fewer)."""
+  off = jnp.arange(width, dtype=jnp.int32)[None]
+  slot = first[:, None] + off
+  ok = (off < carried) & (slot < state.canvas.shape[1])
+  return (_gather(state.canvas, slot), _gather(state.positions, slot),
+          ok & _gather(state.valid, slot))
+
+
+def _project(params, cfg: ModelConfig, opts: FastDLLMOptions, hidden: Array, first_out):
+  """[B, b, V] logits of the block from hidden states whose output `first_out[b]` (+ j)
+  predicts the block's slot j (the slot itself, or the one before for shifted logits)."""
+  at = first_out[:, None] + jnp.arange(opts.block_length, dtype=jnp.int32)[None]
+  return project(params, cfg, hidden, jnp.clip(at, 0, hidden.shape[1] - 1))
+
+
+def _full_logits(params, cfg, opts, state: FastState, start: Array) -> Array:
+  """cache="none": a full canvas forward, the LM head on each row's block only."""
+  hidden = Transformer(cfg).apply(
+      {"params": params}, state.canvas, block_ids=jnp.zeros_like(state.canvas),
+      positions=state.positions, valid=state.valid, head=False)
+  return _project(params, cfg, opts, hidden, start - _lead(cfg))
+
+
+def _after_refresh(opts: FastDLLMOptions, cache: kv_cache.KVCache, refresh: Array,
+                   first: Array, lead: int) -> kv_cache.KVCache:
+  """Hides, in refreshing rows' freshly written cache, the slots their chunks will carry:
+  from the chunk's first slot on (prefix) or only the chunk (dual: the suffix stays)."""
+  t = cache.capacity
+  slot = jnp.arange(t, dtype=jnp.int32)[None]
+  if opts.cache == "prefix":
+    hide, length = slot >= first[:, None], first
+  else:  # `length` counts the slots kept, so length + chunk fits the capacity
+    hide = (slot >= first[:, None]) & (slot < first[:, None] + lead + opts.block_length)
+    length = jnp.full_like(first, t - opts.block_length - lead)
+  return cache.replace(
+      block_ids=jnp.where(refresh[:, None] & hide, masks.NO_KEY, cache.block_ids),
+      length=jnp.where(refresh, length, cache.length))
+
+
+def _cached_logits(params, cfg, opts, state: FastState, live: Array, start: Array):
+  """[B, b, V] logits of each row's block and the cache to carry (module docstring), and the
+  [] slots per row the forward carried."""
+  bl, g, t, lead = opts.block_length, opts.gen_length, state.canvas.shape[1], _lead(cfg)
+  first = start - lead
+  refresh = live & state.fresh
+  model = Transformer(cfg)
+  carried = bl + lead if opts.cache == "dual" else g + lead  # prefix: up to the end
+
+  def chunk_only(width):
+    def run(s):
+      tokens, positions, valid = _chunk(s, first, width, carried)
+      hidden, _ = model.apply({"params": params}, tokens, block_ids=jnp.zeros_like(tokens),
+                              positions=positions, valid=valid, cache=s.cache, write_len=0,
+                              head=False)
+      return (_project(params, cfg, opts, hidden, jnp.zeros_like(first)), s.cache,
+              jnp.asarray(width, jnp.int32))
+    return run
+
+  def with_refresh(s):
+    r = refresh[:, None]
+    tokens, positions, valid = _chunk(s, first, t, carried)
+    tokens = jnp.where(r, s.canvas, tokens)
+    positions = jnp.where(r, s.positions, positions)
+    valid = jnp.where(r, s.valid, valid)
+    # A refreshing row forgets its cache (the full forward must not see the old one) and
+    # writes all T slots; the other rows read theirs and write nothing.
+    cache = s.cache.replace(block_ids=jnp.where(r, masks.NO_KEY, s.cache.block_ids),
+                            length=jnp.where(refresh, 0, s.cache.length))
+    hidden, cache = model.apply({"params": params}, tokens, block_ids=jnp.zeros_like(tokens),
+                                positions=positions, valid=valid, cache=cache,
+                                write_len=jnp.where(refresh, t, 0), head=False)
+    logits = _project(params, cfg, opts, hidden, jnp.where(refresh, first, 0))
+    return logits, _after_refresh(opts, cache, refresh, first, lead), jnp.asarray(t, jnp.int32)
+
   if opts.cache == "dual":
-    def chunk(s):
-      logits = _chunk_logits(params, cfg, s, _block_start(opts, s) - lead, bl + lead)
-      return logits[:, lead:], s.cache
-  else:  # prefix: block + suffix, one static width per block.
-    def branch(n):
-      def run(s):
-        logits = _chunk_logits(params, cfg, s, p + n * bl - lead, g - n * bl + lead)
-        return logits[:, lead:lead + bl], s.cache
-      return run
-    chunk = lambda s: jax.lax.switch(s.block, [branch(n) for n in range(opts.num_blocks)], s)
-  return jax.lax.cond(state.fresh, lambda s: _refresh(params, cfg, opts, s), chunk, state)
+    cached = chunk_only(bl + lead)
+  else:  # prefix: the widest `block + suffix` among the rows, one static width per block
+    nearest = jnp.min(jnp.where(live, state.block, opts.num_blocks - 1))
+    branches = [chunk_only(g - n * bl + lead) for n in range(opts.num_blocks)]
+    cached = lambda s: jax.lax.switch(jnp.minimum(nearest, opts.num_blocks - 1), branches, s)
+  return jax.lax.cond(jnp.any(refresh), with_refresh, cached, state)
 
 
 def step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> FastState:
-  """One forward; commits the rule's slots of the current block in every unfinished row."""
-  b = state.canvas.shape[0]
+  """One batched forward; each live row commits the rule's slots of its own block."""
+  b, t = state.canvas.shape
   bl = opts.block_length
-  start = _block_start(opts, state)
+  live = live_rows(opts, state)
+  start = _block_starts(opts, state)
   if opts.cache == "none":
-    logits = llada.bidirectional_logits(params, cfg, state.canvas, state.valid, state.positions)
-    logits, cache = _block_logits(logits, start, bl), None
+    logits, cache, width = _full_logits(params, cfg, opts, state, start), None, t
   else:
-    logits, cache = _cached_step_logits(params, cfg, opts, state)
-  finite = state.finite & (sampling.all_finite(logits) | state.done)
+    logits, cache, width = _cached_logits(params, cfg, opts, state, live, start)
+  finite = state.finite & (sampling.all_finite(logits) | ~live)
   logits = sampling.forbid(logits, (cfg.mask_token_id,))
-  keys = sampling.row_keys(state.rng, state.step, b)
+  # fold_in(fold_in(rng, own forwards), row): a row's draws follow its own clock.
+  keys = jax.vmap(lambda n, r: jax.random.fold_in(jax.random.fold_in(state.rng, n), r))(
+      state.forwards, jnp.arange(b))
   temperature = state.knobs["temperature"]
   x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys)
   conf = sampling.confidence(logits, x0, "probability")
 
-  block = jax.lax.dynamic_slice_in_dim(state.canvas, start, bl, axis=1)
-  active = ~state.done if opts.early_stop else jnp.ones((b,), bool)
-  candidates = (block == cfg.mask_token_id) & active[:, None]
+  slot = start[:, None] + jnp.arange(bl, dtype=jnp.int32)[None]            # [B, b]
+  block = _gather(state.canvas, slot)
+  candidates = (block == cfg.mask_token_id) & live[:, None]
   if opts.rule == "threshold":
     commit = sampling.threshold_mask(conf, candidates, state.knobs["threshold"])
   else:
     commit = sampling.factor_mask(conf, candidates, state.knobs["factor"])
   block = jnp.where(commit, x0, block)
-  canvas = jax.lax.dynamic_update_slice_in_dim(state.canvas, block, start, axis=1)
+  rows = jnp.arange(b)[:, None]
+  canvas = state.canvas.at[rows, slot].set(block, mode="drop")  # past the canvas: no block
 
   new = state.replace(canvas=canvas, cache=cache, step=state.step + 1, nfe=state.nfe + 1,
-                      finite=finite,
+                      forwards=state.forwards + live.astype(jnp.int32),
+                      block_forwards=state.block_forwards + (live[:, None] & (
+                          state.block[:, None] == jnp.arange(opts.num_blocks))).astype(jnp.int32),
+                      forward_slots=state.forward_slots + width, finite=finite,
                       committed=state.committed + jnp.sum(commit, axis=1, dtype=jnp.int32))
   done = llada.row_done(cfg, *llada.response_view(cfg, opts, new))
-  filled = jnp.all(block != cfg.mask_token_id, axis=1)
-  advance = jnp.all(filled | (done if opts.early_stop else False))
-  return new.replace(done=done, block=state.block + advance.astype(jnp.int32), fresh=advance)
+  advance = live & jnp.all(block != cfg.mask_token_id, axis=1)
+  return new.replace(done=done, block=state.block + advance.astype(jnp.int32),
+                     fresh=jnp.where(live, advance, state.fresh))
 
 
 def running(opts: FastDLLMOptions, state: FastState) -> Array:
-  # `step < G` is a guard only: every step fills >= 1 slot per unfinished row.
-  more = (state.block < opts.num_blocks) & (state.step < opts.gen_length)
-  return more & ~jnp.all(state.done) if opts.early_stop else more
+  # `step < G` is a guard only: every step fills >= 1 slot of every live row, and a row is
+  # live from the first step until it stops, so the loop runs max over rows of their forwards.
+  return jnp.any(live_rows(opts, state)) & (state.step < opts.gen_length)
 
 
 def response_view(cfg: ModelConfig, opts: FastDLLMOptions, state: FastState):
@@ -287,6 +376,10 @@ def fast_dllm_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=Non
     on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
       "flag" (return them with `finite` False, lengths 0).
     **options: fields of `FastDLLMOptions` (unknown names raise ValueError).
+
+  Returns the `DecodeOutput`; its `nfe` counts batched forward calls (= steps). Every row
+  runs the forwards it would run alone (`FastState.forwards` of the streaming interface), so
+  nfe is the largest of them.
   """
   base.check_on_nonfinite(on_nonfinite)
   opts = base.make_options(FastDLLMOptions, options)
