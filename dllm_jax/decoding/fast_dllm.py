@@ -213,7 +213,7 @@ def step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> F
     logits, cache = _cached_step_logits(params, cfg, opts, state)
   finite = state.finite & (sampling.all_finite(logits) | state.done)
   logits = sampling.forbid(logits, (cfg.mask_token_id,))
-  keys = sampling.row_keys(state.rng, state.step, b)
+  keys = sampling.row_keys(state.rng, state.step, b, state.knobs.get("row_offset", 0))
   temperature = state.knobs["temperature"]
   x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys)
   conf = sampling.confidence(logits, x0, "probability")
