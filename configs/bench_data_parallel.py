@@ -16,6 +16,7 @@ def get_config():
   c.gen_length = 64
   c.temperature = 0.0
   c.methods = ("ar", "d2f", "llada", "fast_dllm")
+  c.uneven_method = "ar"   # whose greedy answers pick the EOS that makes one row long
   c.options = config_dict.ConfigDict({
       "d2f": {"block_length": 8},
       "llada": {"block_length": 8},

@@ -198,10 +198,9 @@ def _data_parallel_mode(data_parallel, mesh, rules) -> str | None:
                      "default: shard_map when the mesh splits the batch).")
   if mesh is None:
     return None
-  if data_parallel is not None:
-    return data_parallel
-  split = mesh_lib.data_parallel_size(mesh, mesh_lib.rules_from_config(rules)) > 1
-  return "shard_map" if split else "spmd"
+  if mesh_lib.data_parallel_size(mesh, mesh_lib.rules_from_config(rules)) == 1:
+    return "spmd"  # nothing to split: the two are the same program
+  return data_parallel or "shard_map"
 
 
 def _generate_on_mesh(fn, params, cfg, tokens, valid, rng, mesh, rules, options):

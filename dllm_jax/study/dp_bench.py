@@ -45,9 +45,10 @@ def random_params(cfg, seed: int = 0, std: float = 0.3, head_std: float = 0.7):
 
 
 def uneven_batch(params, cfg, *, gen_length: int, rows: int = 8, candidates: int = 64,
-                 seed: int = 0):
-  """(cfg with an EOS id, `rows` prompts): row 0's greedy AR answer never holds the EOS,
-  every other row's holds it in its first two tokens, so row 0 is the one long row."""
+                 seed: int = 0, method: str = "ar", **options):
+  """(cfg with an EOS id, `rows` prompts): row 0's greedy `method` answer (without a stop
+  id) never holds the EOS, every other row's holds it in its first two tokens, so with that
+  EOS row 0 is the one long row (the answers before a stop do not change)."""
   rs = np.random.default_rng(seed)
   first = 4 + (cfg.mask_token_id is not None)
   high = cfg.vocab_size
@@ -55,8 +56,8 @@ def uneven_batch(params, cfg, *, gen_length: int, rows: int = 8, candidates: int
   prompts = [[int(t) for t in rs.integers(first, high, rs.integers(2, 6))]
              for _ in range(candidates)]
   plain = cfg.replace(eos_token_id=None, eot_token_id=None)
-  tokens = np.asarray(api.generate(params, plain, prompts, method="ar",
-                                   gen_length=gen_length).tokens)
+  tokens = np.asarray(api.generate(params, plain, prompts, method=method,
+                                   gen_length=gen_length, **options).tokens)
   best = None
   for t in range(cfg.vocab_size):
     if t in special:
@@ -87,7 +88,8 @@ def run(config, workdir: str | None = None) -> dict:
   cfg = get_preset(config.preset)
   params = random_params(cfg, config.seed)
   cfg, prompts = uneven_batch(params, cfg, gen_length=config.gen_length, rows=n,
-                              seed=config.seed)
+                              seed=config.seed, method=config.uneven_method,
+                              **dict(config.options.get(config.uneven_method, {})))
   mesh = mesh_lib.make_mesh({"data": n})
   rng = jax.random.key(config.seed)
   results = []
