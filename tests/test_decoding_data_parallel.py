@@ -43,7 +43,7 @@ for method, kw in runs.items():
   tokens, valid = api.as_prompt_batch(cfg, prompts)
   for temperature in temperatures[method]:
     rng = jax.random.key(7)
-    one = api.generate(params, cfg, tokens, method=method, rng=rng, pad_to=None,
+    one = api.generate(params, cfg, (tokens, valid), method=method, rng=rng, pad_to=None,
                        batch_buckets=None, temperature=temperature, **kw)
     out, stats = data_parallel.decode(params, cfg, tokens, valid, rng, mesh=mesh,
                                       method=method, temperature=temperature, **kw)
