@@ -170,7 +170,8 @@ def generate(params, cfg: ModelConfig, prompts, *, method: str = "llada", rng=No
   tokens, valid = as_prompt_batch(cfg, prompts)
   rng = jax.random.key(0) if rng is None else rng
   b = tokens.shape[0]
-  dp = 1 if mesh is None else mesh_lib.data_parallel_size(mesh, mesh_lib.rules_from_config(rules))
+  dp = 1 if mesh is None else mesh_lib.data_parallel_size(mesh,
+                                                          mesh_lib.rules_from_config(rules))
   length = buckets.prompt_length(tokens.shape[1], options.get("gen_length", base.GEN_LENGTH),
                                  cfg.max_seq_len, pad_to)
   tokens, valid = buckets.pad_batch(tokens, valid, length,
