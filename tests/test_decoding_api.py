@@ -71,7 +71,7 @@ def test_d2f_dispatch_passes_prompts_options_and_mesh(monkeypatch):
   monkeypatch.setattr(d2f, "d2f_generate", recorder)
   cfg = get_preset("tiny")
   out = api.generate(None, cfg, [[5, 6, 7], [8]], method="d2f", gen_length=8, block_length=4,
-                     tau_conf=0.8)
+                     tau_conf=0.8, pad_to=None, batch_buckets=None)
   tokens, valid, kw = calls[-1]
   np.testing.assert_array_equal(tokens, [[5, 6, 7], [0, 0, 8]])
   np.testing.assert_array_equal(valid, [[1, 1, 1], [0, 0, 1]])

@@ -14,12 +14,21 @@ docstring); the old D2F spelling `block_size` is an error that says to use `bloc
 Rows whose logits were ever non-finite are flagged in `DecodeOutput.finite`; `generate`
 raises `NonFiniteLogitsError` naming them unless `on_nonfinite="flag"`.
 
+Shapes are bucketed (`decoding.buckets`): the prompt length is left padded to a power of two
+from 16 and the batch to a power of two (extra rows repeat the last row and are dropped), so
+prompts and batches inside one bucket share one compile and give the same tokens; `pad_to=`
+and `batch_buckets=` override the buckets (None: exact shapes).
+
 With `mesh=`, the batch is split over the mesh's data axes (rows are padded to a multiple of
-the data-parallel size by repeating the last row, then dropped). Parameters already on the
-mesh's devices stay where they are; host or single-device parameters are placed by
-`parallel.mesh.param_shardings` (tensor / fsdp axes). The same jitted decoder then runs as
-one SPMD program; rows are independent and each row's random keys depend only on its index,
-so the tokens equal single-device decoding.
+the data-parallel size by repeating the last row, then dropped). `data_parallel="shard_map"`
+(the default when the data-parallel size is above 1) runs one while_loop per data shard, each
+to its own exit (`decoding.data_parallel`); `"spmd"` runs the jitted decoder as one SPMD
+program, every device stepping until the slowest row of the whole batch is done. Either way
+parameters already on the mesh's devices stay where they are, host or single-device
+parameters are placed by `parallel.mesh.param_shardings`, and since rows are independent and
+each row's random keys depend only on its global index, the tokens equal single-device
+decoding. Under `jax.distributed` (a mesh spanning processes) every process passes the same
+prompts and gets the whole output.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from dllm_jax.decoding import ar, base, fast_dllm, llada
+from dllm_jax.decoding import ar, base, buckets, fast_dllm, llada
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.parallel import mesh as mesh_lib
 
@@ -134,7 +143,8 @@ def as_prompt_batch(cfg: ModelConfig, prompts):
 
 
 def generate(params, cfg: ModelConfig, prompts, *, method: str = "llada", rng=None, mesh=None,
-             rules=None, **options) -> base.DecodeOutput:
+             rules=None, data_parallel: str | None = None, pad_to=buckets.PROMPT_BUCKETS,
+             batch_buckets=buckets.BATCH_BUCKETS, **options) -> base.DecodeOutput:
   """Decodes a prompt batch with `method` and returns a `base.DecodeOutput`.
 
   Args:
@@ -145,6 +155,12 @@ def generate(params, cfg: ModelConfig, prompts, *, method: str = "llada", rng=No
     rng: PRNG key for sampling (default key 0).
     mesh: optional `jax.sharding.Mesh` (see parallel.mesh.make_mesh) to decode on.
     rules: logical-axis rules for the mesh (default parallel.mesh.DEFAULT_RULES).
+    data_parallel: with a mesh, "shard_map" (one while_loop per data shard, each to its own
+      exit; the default when the data-parallel size is above 1) or "spmd" (one program,
+      every device steps until the slowest row is done).
+    pad_to: prompt-length buckets: "pow2" (default: 16, 32, 64, ...), a length, a list of
+      lengths, or None (exact). Capped so prompt + gen_length fits the model window.
+    batch_buckets: batch-size buckets: "pow2" (default), a list of sizes, or None (exact).
     **options: the method's options (e.g. gen_length, block_length, steps, threshold;
       `option_names(method)`), and on_nonfinite: "raise" (default: NonFiniteLogitsError
       naming the rows whose logits were ever NaN/inf) or "flag" (return them with
@@ -154,33 +170,55 @@ def generate(params, cfg: ModelConfig, prompts, *, method: str = "llada", rng=No
   check_options(method, options)
   on_nonfinite = options.get("on_nonfinite", "raise")
   base.check_on_nonfinite(on_nonfinite)
+  mode = _data_parallel_mode(data_parallel, mesh, rules)
   tokens, valid = as_prompt_batch(cfg, prompts)
   rng = jax.random.key(0) if rng is None else rng
-  if mesh is None:
-    return fn(params, cfg, tokens, valid, rng, **options)
+  b = tokens.shape[0]
+  dp = 1 if mesh is None else mesh_lib.data_parallel_size(mesh,
+                                                          mesh_lib.rules_from_config(rules))
+  length = buckets.prompt_length(tokens.shape[1], options.get("gen_length", base.GEN_LENGTH),
+                                 cfg.max_seq_len, pad_to)
+  tokens, valid = buckets.pad_batch(tokens, valid, length,
+                                    buckets.batch_size(b, batch_buckets, dp),
+                                    base.output_pad_id(cfg))
+  if mesh is None:  # padding rows: the decoder flags, the error below names caller rows
+    out = fn(params, cfg, tokens, valid, rng,
+             **(options if tokens.shape[0] == b else dict(options, on_nonfinite="flag")))
+  elif mode == "shard_map":
+    from dllm_jax.decoding import data_parallel  # imports every decoder module
+    out, _ = data_parallel.decode(params, cfg, tokens, valid, rng, mesh=mesh, method=method,
+                                  rules=rules, **dict(options, on_nonfinite="flag"))
+  else:
+    out = _generate_on_mesh(fn, params, cfg, tokens, valid, rng, mesh,
+                            mesh_lib.rules_from_config(rules), dict(options, on_nonfinite="flag"))
   # The decoder flags; the error names rows of the caller's batch (padding rows dropped).
-  out = _generate_on_mesh(fn, params, cfg, tokens, valid, rng, mesh,
-                          mesh_lib.rules_from_config(rules), dict(options, on_nonfinite="flag"))
-  return base.raise_if_nonfinite(out, on_nonfinite)
+  return base.raise_if_nonfinite(_take_rows(out, b), on_nonfinite)
+
+
+def _data_parallel_mode(data_parallel, mesh, rules) -> str | None:
+  """The data-parallel implementation: None without a mesh, else "shard_map" or "spmd"."""
+  modes = ("shard_map", "spmd")
+  if data_parallel is not None and data_parallel not in modes:
+    raise ValueError(f"data_parallel={data_parallel!r}: use one of {modes} (or None for the "
+                     "default: shard_map when the mesh splits the batch).")
+  if mesh is None:
+    return None
+  if mesh_lib.data_parallel_size(mesh, mesh_lib.rules_from_config(rules)) == 1:
+    return "spmd"  # nothing to split: the two are the same program
+  return data_parallel or "shard_map"
 
 
 def _generate_on_mesh(fn, params, cfg, tokens, valid, rng, mesh, rules, options):
-  """Places the batch (and params not yet on the mesh) and runs `fn` as one SPMD program."""
-  b = tokens.shape[0]
-  dp = mesh_lib.data_parallel_size(mesh, rules)
-  extra = -b % dp
-  if extra:  # Repeat the last row: it finishes with it, so it never lengthens the loop.
-    tokens = np.concatenate([tokens, np.repeat(tokens[-1:], extra, 0)])
-    valid = np.concatenate([valid, np.repeat(valid[-1:], extra, 0)])
+  """Places the batch (a multiple of the data-parallel size) and params not yet on the mesh,
+  and runs `fn` as one SPMD program."""
   if "mesh" in inspect.signature(fn).parameters:  # the decoder places its inputs itself
-    return _take_rows(fn(params, cfg, tokens, valid, rng, mesh=mesh, rules=rules, **options), b)
+    return fn(params, cfg, tokens, valid, rng, mesh=mesh, rules=rules, **options)
   params = base.place_params(params, cfg, mesh, rules)
   batch = mesh_lib.batch_sharding(mesh, 2, rules)
   tokens, valid = jax.device_put(tokens, batch), jax.device_put(valid, batch)
   rng = jax.device_put(rng, mesh_lib.replicated(mesh))
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    out = fn(params, cfg, tokens, valid, rng, **options)
-  return _take_rows(out, b)
+    return fn(params, cfg, tokens, valid, rng, **options)
 
 
 def _take_rows(out: base.DecodeOutput, b: int) -> base.DecodeOutput:

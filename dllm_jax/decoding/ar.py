@@ -92,7 +92,7 @@ def _next_token_view(cfg: ModelConfig) -> ModelConfig:
 def _choose(cfg: ModelConfig, knobs: dict, logits: Array, rng: Array, step) -> Array:
   """[B, V] logits -> [B] tokens, with a per-row key for `step`."""
   logits = sampling.forbid(logits, (cfg.mask_token_id,))
-  keys = sampling.row_keys(rng, step, logits.shape[0])
+  keys = sampling.row_keys(rng, step, logits.shape[0], knobs.get("row_offset", 0))
   return jax.vmap(lambda lg, k: sampling.sample(
       lg, k, temperature=knobs["temperature"], top_k=knobs["top_k"], top_p=knobs["top_p"]))(
           logits, keys)

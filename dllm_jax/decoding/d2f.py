@@ -137,15 +137,24 @@ def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
 
 # ----------------------------------------------------------------------------- model calls
 
-def _proposals(logits: Array, spec: D2FSpec, limits: ds.Thresholds, rng: Array):
-  """[B, T, V] logits -> proposed tokens, their probability, their ranking score [B, T]."""
+def _proposals(logits: Array, spec: D2FSpec, limits: ds.Thresholds, rng: Array,
+               slots: Array):
+  """[B, T, V] logits -> proposed tokens, their probability, their ranking score [B, T].
+
+  `slots` [B, T] are the response slots the logits belong to. Random draws use one key per
+  row and slot (`sampling.row_keys` for row `limits.row_offset + r`, then the slot folded
+  in), so a row's samples depend neither on the batch or shard it is decoded in nor on the
+  window that carried it."""
   logits = sampling.forbid(logits, [spec.mask_id])
-  pick_rng, rank_rng = jax.random.split(rng)
-  x0 = sampling.gumbel_argmax(logits, limits.temperature, pick_rng)
+  rows = sampling.row_keys(rng, 0, logits.shape[0], limits.row_offset)     # [B]
+  keys = jax.vmap(lambda key, s: jax.vmap(
+      lambda j: jax.random.split(jax.random.fold_in(key, j)))(s))(rows, slots)  # [B, T, 2]
+  x0 = jax.vmap(jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, limits.temperature, k)))(
+      logits, keys[..., 0])
   scaled = sampling.scale(logits, limits.temperature)
   prob = sampling.confidence(scaled, x0, "probability")
-  score = prob if spec.remasking == "probability" else sampling.confidence(
-      scaled, x0, spec.remasking, rank_rng)
+  score = prob if spec.remasking == "probability" else jax.vmap(jax.vmap(
+      lambda s, x, k: sampling.confidence(s, x, spec.remasking, k)))(scaled, x0, keys[..., 1])
   return x0, prob, score
 
 
@@ -189,7 +198,8 @@ def _window_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, block
     """Proposals of window slots [first_slot, first_slot + out_width) per row -> [B, G],
     and [B] whether those logits (where `out_valid`) were all finite."""
     finite = sampling.all_finite(logits, out_valid)
-    x0, prob, score = _proposals(logits, spec, state.limits, rng)
+    slots = (start + first_slot)[:, None] + jnp.arange(logits.shape[1], dtype=jnp.int32)
+    x0, prob, score = _proposals(logits, spec, state.limits, rng, slots)
     rel = offset - first_slot[:, None]
     inside = (rel >= 0) & (rel < out_width)
     back = lambda a: jnp.take_along_axis(a, jnp.clip(rel, 0, out_width - 1), axis=1)
@@ -238,7 +248,8 @@ def _canvas_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, rng: 
   ids = jnp.concatenate([jnp.zeros(state.prompt.shape[1], jnp.int32), 1 + slot // k])
   logits = Transformer(cfg).apply({"params": params}, tokens, block_ids=ids,
                                   positions=positions, valid=valid)[:, state.prompt.shape[1]:]
-  return _proposals(logits, spec, state.limits, rng) + (
+  slots = jnp.broadcast_to(slot[None], state.response.shape)
+  return _proposals(logits, spec, state.limits, rng, slots) + (
       sampling.all_finite(logits, answer_valid),)
 
 

@@ -119,11 +119,14 @@ class Thresholds:
       (tau_act as a count).
     tau_conf: [] float32, the commit threshold on the proposal's probability.
     temperature: [] float32, 0 is greedy (exactly: argmax); else Gumbel-max sampling.
+    row_offset: [] int32, the global index of row 0 (a data-parallel shard of a batch
+      passes its first row's): row r draws its random keys as row `row_offset + r`.
   """
   add_count: Array
   act_count: Array
   tau_conf: Array
   temperature: Array
+  row_offset: Array = 0
 
   @classmethod
   def create(cls, block_size: int, tau_add: float, tau_act: float, tau_conf: float,
@@ -132,7 +135,8 @@ class Thresholds:
     return cls(add_count=np.asarray(fraction_to_count(tau_add, block_size), np.int32),
                act_count=np.asarray(fraction_to_count(tau_act, block_size), np.int32),
                tau_conf=np.asarray(tau_conf, np.float32),
-               temperature=np.asarray(temperature, np.float32))
+               temperature=np.asarray(temperature, np.float32),
+               row_offset=np.asarray(0, np.int32))
 
 
 @flax.struct.dataclass

@@ -296,9 +296,12 @@ def step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> F
     logits, cache, width = _cached_logits(params, cfg, opts, state, live, start)
   finite = state.finite & (sampling.all_finite(logits) | ~live)
   logits = sampling.forbid(logits, (cfg.mask_token_id,))
-  # fold_in(fold_in(rng, own forwards), row): a row's draws follow its own clock.
+  # fold_in(fold_in(rng, own forwards), global row): a row's draws follow its own clock,
+  # and a data-parallel shard's rows keep their whole-batch index (row_offset).
+  rows = jnp.arange(b, dtype=jnp.int32) + jnp.asarray(state.knobs.get("row_offset", 0),
+                                                      jnp.int32)
   keys = jax.vmap(lambda n, r: jax.random.fold_in(jax.random.fold_in(state.rng, n), r))(
-      state.forwards, jnp.arange(b))
+      state.forwards, rows)
   temperature = state.knobs["temperature"]
   x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys)
   conf = sampling.confidence(logits, x0, "probability")

@@ -234,8 +234,8 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
   logits = jax.lax.dynamic_slice_in_dim(_guided_logits(params, cfg, opts, state), start, bl, 1)
   finite = state.finite & (sampling.all_finite(logits) | state.done)
   logits = sampling.forbid(logits, forbidden_ids(cfg, opts))
-  keys = jax.vmap(lambda k: jax.random.split(k, 3))(
-      sampling.row_keys(state.rng, state.step, b))                       # [B, 3]
+  keys = jax.vmap(lambda k: jax.random.split(k, 3))(                   # [B, 3]
+      sampling.row_keys(state.rng, state.step, b, state.knobs.get("row_offset", 0)))
   temperature = state.knobs["temperature"]
   x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys[:, 0])
   kind = REMASKING[opts.remasking]

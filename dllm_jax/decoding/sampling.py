@@ -200,8 +200,12 @@ def factor_mask(conf: Array, candidates: Array, factor) -> Array:
   return top_k_mask(conf, count)
 
 
-def row_keys(rng: Array, step, batch: int) -> Array:
+def row_keys(rng: Array, step, batch: int, offset=0) -> Array:
   """[B] keys `fold_in(fold_in(rng, step), row)`: a row's randomness depends only on its own
-  index, so padding a batch (e.g. to split it over devices) never changes the other rows."""
+  index, so padding a batch (e.g. to split it over devices) never changes the other rows.
+
+  `offset` ([] int, may be traced) is the global index of row 0: a data-parallel shard of
+  a batch passes its first row's index so its keys equal the whole batch's."""
   step_key = jax.random.fold_in(rng, step)
-  return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(jnp.arange(batch))
+  rows = jnp.arange(batch, dtype=jnp.int32) + jnp.asarray(offset, jnp.int32)
+  return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(rows)

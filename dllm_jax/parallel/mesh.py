@@ -125,3 +125,24 @@ def data_parallel_size(mesh: Mesh, rules=DEFAULT_RULES) -> int:
   axes = nn.logical_to_mesh_axes(("batch",), rules)[0]
   names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
   return int(np.prod([mesh.shape[a] for a in names])) if names else 1
+
+
+def data_axes(mesh: Mesh, rules=DEFAULT_RULES) -> tuple[str, ...]:
+  """The mesh axes the batch is split over (the `batch` rule's axes of size > 1)."""
+  axes = nn.logical_to_mesh_axes(("batch",), rules)[0]
+  names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+  return tuple(a for a in names if mesh.shape[a] > 1)
+
+
+def without_axes(rules, axes: Sequence[str]) -> tuple:
+  """`rules` with the mesh axes `axes` removed from every mapping (a logical axis left with
+  none is replicated). Inside a `shard_map` that is manual over `axes`, these rules shard
+  parameters and activations over the remaining (automatic) axes only."""
+  drop = set(axes)
+  out = []
+  for logical, physical in rules:
+    names = () if physical is None else (physical if isinstance(physical, tuple) else
+                                         (physical,))
+    kept = tuple(a for a in names if a not in drop)
+    out.append((logical, None if not kept else kept[0] if len(kept) == 1 else kept))
+  return tuple(out)
