@@ -46,6 +46,12 @@ A row whose window logits (its valid slots) are ever non-finite is flagged
 Batched rows give exactly their one-prompt results (left padding; rows never interact)
 for the deterministic rules (temperature 0, confidence ranking other than "random").
 
+Keys: one `rng` gives step s the key `fold_in(rng, s)`, its noise drawn over the batch's
+window. A [B] array of keys (one per row) gives row b's response slot j, in the row's i-th
+forward, noise from `fold_in(fold_in(rng[b], i), j)`: then sampled rows too equal their
+one-prompt results whatever the batch, the window width or the row's batch index (the
+serving engine inserts rows into a running batch this way; every other field is per row).
+
 API: `d2f_generate`, `block_diffusion_generate` (the one-block, fixed-schedule special
 case); for step-level control `make_spec`, `init_state`, `step`, `output`, and the step
 interface every decoder module shares (`jit_init_state`, `jit_step`, `running`,
@@ -137,10 +143,21 @@ def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
 
 # ----------------------------------------------------------------------------- model calls
 
-def _proposals(logits: Array, spec: D2FSpec, limits: ds.Thresholds, rng: Array):
-  """[B, T, V] logits -> proposed tokens, their probability, their ranking score [B, T]."""
+def _proposals(logits: Array, spec: D2FSpec, limits: ds.Thresholds, rng: Array,
+               slots: Array):
+  """[B, T, V] logits -> proposed tokens, their probability, their ranking score [B, T].
+
+  `slots` [B, T] are the response slots the logits belong to. With per-row keys (`rng` [B],
+  this step's key of each row) every slot draws its noise from `fold_in(rng[b], slot)`, so
+  a row's noise does not depend on the forward window or on the other rows.
+  """
   logits = sampling.forbid(logits, [spec.mask_id])
-  pick_rng, rank_rng = jax.random.split(rng)
+  if sampling.is_row_keys(rng):
+    zeros = jnp.zeros(rng.shape[:1], jnp.int32)
+    pick_rng = sampling.slot_keys(sampling.row_step_keys(rng, zeros), slots)
+    rank_rng = sampling.slot_keys(sampling.row_step_keys(rng, zeros + 1), slots)
+  else:
+    pick_rng, rank_rng = jax.random.split(rng)
   x0 = sampling.gumbel_argmax(logits, limits.temperature, pick_rng)
   scaled = sampling.scale(logits, limits.temperature)
   prob = sampling.confidence(scaled, x0, "probability")
@@ -189,7 +206,8 @@ def _window_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, block
     """Proposals of window slots [first_slot, first_slot + out_width) per row -> [B, G],
     and [B] whether those logits (where `out_valid`) were all finite."""
     finite = sampling.all_finite(logits, out_valid)
-    x0, prob, score = _proposals(logits, spec, state.limits, rng)
+    slots = (start + first_slot)[:, None] + jnp.arange(out_width, dtype=jnp.int32)[None]
+    x0, prob, score = _proposals(logits, spec, state.limits, rng, slots)
     rel = offset - first_slot[:, None]
     inside = (rel >= 0) & (rel < out_width)
     back = lambda a: jnp.take_along_axis(a, jnp.clip(rel, 0, out_width - 1), axis=1)
@@ -238,7 +256,8 @@ def _canvas_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, rng: 
   ids = jnp.concatenate([jnp.zeros(state.prompt.shape[1], jnp.int32), 1 + slot // k])
   logits = Transformer(cfg).apply({"params": params}, tokens, block_ids=ids,
                                   positions=positions, valid=valid)[:, state.prompt.shape[1]:]
-  return _proposals(logits, spec, state.limits, rng) + (
+  slots = jnp.broadcast_to(slot[None], state.response.shape)
+  return _proposals(logits, spec, state.limits, rng, slots) + (
       sampling.all_finite(logits, answer_valid),)
 
 
@@ -301,7 +320,10 @@ def _step(params, state: D2FState, *, cfg: ModelConfig, spec: D2FSpec, mesh=None
   `first` marks the first forward, which also writes the prompt into the (empty) cache.
   Only block 0 exists then, so its window is one block.
   """
-  rng = jax.random.fold_in(state.rng, state.steps)
+  if sampling.is_row_keys(state.rng):  # per-row keys: the row's own forward count
+    rng = sampling.row_step_keys(state.rng, state.forwards)
+  else:
+    rng = jax.random.fold_in(state.rng, state.steps)
   cache, last = state.cache, state.last_logits
   k = spec.block_size
   if not spec.use_cache:
@@ -441,7 +463,8 @@ def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng
     params: model parameters (a block-causal D2F student, e.g. LLaDA/Dream + D2F LoRA).
     prompt_tokens, prompt_valid: [B, P] left-padded prompts (`base.pad_prompts`); valid
       None means no padding.
-    rng: PRNG key (used when temperature > 0 or remasking="random").
+    rng: PRNG key (used when temperature > 0 or remasking="random"), or [B] keys, one per
+      row (a row's noise then depends only on its key; module docstring).
     gen_length: G response slots, a multiple of block_length.
     block_length: k (default 32, capped at G). tau_add, tau_act: decoded fractions that
       append / fully activate a block. tau_conf: commit threshold on the token probability.
