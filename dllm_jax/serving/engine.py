@@ -17,9 +17,10 @@ static shapes (every cursor per row; `rows.py`). `step()` runs every lane once:
      batched init at a static admit size A (rows beyond the requests are dropped) and
      prompt bucket p, are padded to P, and every per-row field (cache rows on axis 1) is
      scattered into the free slots; the other rows keep their state.
-  2. run: one jitted `lax.while_loop` of decoder steps that returns to the host as soon as
-     an occupied row finishes (EOS, max_new_tokens, a non-finite row) or after
-     `max_steps_per_run` steps (streaming, cancellation).
+  2. run: one jitted `lax.while_loop` of decoder steps that returns to the host when
+     occupied rows finish (EOS, max_new_tokens, a non-finite row): the first one when no
+     request waits, else `refill` of them (admissions in batches, few host round trips),
+     or after `max_steps_per_run` steps (streaming, cancellation).
   3. harvest: each occupied row's final response prefix is streamed (`StreamUpdate`);
      finished rows give a `Result`, and their slots are freed (rows cut short by the
      host, e.g. at a request's own stop id, are retired on the device in the next run).
@@ -91,9 +92,10 @@ def _admit(params, state, traced, tokens, valid, seeds, slots, *, decoder, cfg, 
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
-def _run(params, state, retire, limit, occupied, max_steps, *, decoder, cfg, static, mesh,
-         rules):
-  """Retires rows, then steps until an occupied row finishes or after max_steps steps.
+def _run(params, state, retire, limit, occupied, max_steps, min_finished, *, decoder, cfg,
+         static, mesh, rules):
+  """Retires rows, then steps until `min_finished` occupied rows have finished (or all of
+  them) or after max_steps steps.
 
   Returns (state, [] steps run, the decoder's progress view)."""
   state = state.replace(done=state.done | retire)
@@ -104,7 +106,8 @@ def _run(params, state, retire, limit, occupied, max_steps, *, decoder, cfg, sta
 
   def more(carry):
     i, s = carry
-    return (i < max_steps) & jnp.any(occupied) & ~jnp.any(finished(s) & occupied)
+    done = jnp.sum(finished(s) & occupied)
+    return (i < max_steps) & (done < jnp.minimum(min_finished, jnp.sum(occupied)))
 
   def body(carry):
     i, s = carry
@@ -183,11 +186,15 @@ class _Lane:
   def run(self, max_steps: int):
     e = self.engine
     occupied = np.array([s is not None for s in self.slots])
+    # With requests waiting, return once enough rows finished to admit a batch of them
+    # (fewer host round trips); with none waiting, as soon as one row finishes.
+    min_finished = min(len(self.queue), e.refill) if self.queue else 1
     limit = np.array([s.request.max_new_tokens if s else self.gen_length for s in self.slots],
                      np.int32)
     with e.context():
       self.state, steps, view = _run(e.params, self.state, self.retire, limit, occupied,
-                                     np.int32(max_steps), **self._kw())
+                                     np.int32(max_steps), np.int32(max(min_finished, 1)),
+                                     **self._kw())
     self.retire = np.zeros_like(self.retire)
     view = jax.device_get((steps, view))
     steps = int(view[0])
@@ -315,6 +322,9 @@ class Engine:
       slots); an admission of n requests runs the smallest size >= n.
     max_steps_per_run: decoder steps between host returns when no row finishes (bounds
       the streaming and cancellation delay).
+    refill: while requests wait, the loop returns to the host once this many rows have
+      finished (default slots // 4), so admissions come in batches and host round trips
+      stay few; with no request waiting it returns at the first finished row.
     tokenizer: encodes text prompts and decodes `Result.text` (data.tokenizers).
     mesh, rules: shard the slots over the mesh's data axes (see the module docstring).
   """
@@ -323,7 +333,7 @@ class Engine:
                options: Mapping | None = None, slots: int = 8, max_prompt_len: int = 64,
                prompt_buckets: Sequence[int] | None = None,
                admit_sizes: Sequence[int] | None = None, max_steps_per_run: int = 16,
-               tokenizer=None, mesh=None, rules=None):
+               refill: int | None = None, tokenizer=None, mesh=None, rules=None):
     if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots <= 0:
       raise ValueError(f"slots must be a positive int, got {slots!r}.")
     if isinstance(methods, str):
@@ -337,6 +347,12 @@ class Engine:
       raise ValueError(f"max_steps_per_run must be a positive int, got {max_steps_per_run!r}.")
     self.cfg, self.num_slots, self.tokenizer = cfg, int(slots), tokenizer
     self.max_steps_per_run = int(max_steps_per_run)
+    if refill is None:
+      refill = max(1, self.num_slots // 4)
+    if isinstance(refill, bool) or not isinstance(refill, (int, np.integer)) or \
+        not 1 <= refill <= self.num_slots:
+      raise ValueError(f"refill must be an int in [1, slots={self.num_slots}], got {refill!r}.")
+    self.refill = int(refill)
     buckets = _default_buckets(max_prompt_len) if prompt_buckets is None else prompt_buckets
     self.prompt_buckets = _check_sizes("prompt_buckets", buckets)
     if admit_sizes is None:  # 1, 4, 16, ... below slots, then slots

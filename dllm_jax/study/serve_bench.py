@@ -79,7 +79,7 @@ def _cut(row, length: int, max_new: int) -> tuple[int, ...]:
 
 
 def run_static(params, cfg, method, opts, requests, concurrency, prompt_len):
-  """Decodes fixed batches in arrival order. Returns (results, outputs, wall seconds)."""
+  """Decodes fixed batches in arrival order. Returns (results, wall seconds, start time)."""
   fn = GENERATE[method]
   results, t0 = [], time.perf_counter()
   for start in range(0, len(requests), concurrency):
@@ -126,7 +126,10 @@ def run(config, workdir: str) -> dict:
       static_m = metrics.summarize(static, first_arrival=t0, last_finish=t0 + wall)
       served, engine_m = run_engine(engine, requests)
       equal = [r.tokens for r in static] == [r.tokens for r in served]
+      answers = [len(r.tokens) for r in served]
       cells.append(dict(method=method, concurrency=c, static=static_m.as_dict(),
+                        answer_tokens=dict(mean=float(np.mean(answers)), min=min(answers),
+                                           p50=float(np.median(answers)), max=max(answers)),
                         engine=engine_m.as_dict(), outputs_equal=equal,
                         speedup=engine_m.throughput / static_m.throughput,
                         p95_ratio=engine_m.latency_p95 / static_m.latency_p95))
@@ -134,7 +137,7 @@ def run(config, workdir: str) -> dict:
   report = dict(config=config.to_dict(), device=str(jax.devices()[0].platform),
                 max_new_tokens=dict(mean=float(np.mean(lengths)), min=int(min(lengths)),
                                     max=int(max(lengths))),
-                answer_lengths=_length_summary(cells), cells=cells)
+                cells=cells)
   with open(os.path.join(workdir, "serve_bench.json"), "w") as f:
     json.dump(report, f, indent=1, default=_json_default)
   table = markdown(report)
@@ -151,10 +154,6 @@ def _json_default(x):
   if isinstance(x, tuple):
     return list(x)
   raise TypeError(type(x))
-
-
-def _length_summary(cells) -> dict:
-  return {f"{c['method']}@{c['concurrency']}": c["engine"]["tokens"] for c in cells}
 
 
 HEADER = ("| method | conc. | mode | tok/s | speedup | TTFT p50 (s) | latency p50 (s) | "
