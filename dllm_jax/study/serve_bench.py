@@ -71,6 +71,7 @@ def method_options(config, method: str) -> dict:
     opts["block_length"] = config.block_length
   if method == "d2f":
     opts.update(dict(config.d2f_taus))
+    opts["max_active_blocks"] = config.d2f_max_active_blocks
   return opts
 
 
