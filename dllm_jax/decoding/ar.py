@@ -9,6 +9,15 @@ attended. Each decode step feeds the last token at its row's next position and w
 slot. Sampling is greedy at temperature 0, else top-k / top-p filtered Gumbel-max with a fresh
 key per step and row (`fold_in`). The [MASK] id, when the config has one, is never emitted.
 
+Keys: one `rng` gives row b at loop step s the key `fold_in(fold_in(rng, s), b)`
+(`sampling.row_keys`). A [B] array of keys (one per row, e.g. one per request) gives row b
+the key `fold_in(rng[b], i)` for its response slot i: the row's tokens then depend only on
+its own key, never on its batch index or neighbours (what continuous batching needs).
+
+Every per-row cursor is per row: a row writes its next token at column `committed[b]` (its
+own step count) and is done after G tokens of its own, so a row inserted into a running
+batch (`dllm_jax.serving`) decodes exactly as it would alone.
+
 A row is done at its first stop token (EOS/EoT) or after G tokens; done rows emit `pad` and
 the loop exits when every row is done. Rows never interact, so stopping early changes nothing
 before a row's EOS. NFE = 1 (prefill) + decode steps.
@@ -89,10 +98,15 @@ def _next_token_view(cfg: ModelConfig) -> ModelConfig:
   return cfg.replace(shift_logits=False) if cfg.shift_logits else cfg
 
 
-def _choose(cfg: ModelConfig, knobs: dict, logits: Array, rng: Array, step) -> Array:
-  """[B, V] logits -> [B] tokens, with a per-row key for `step`."""
+def _choose(cfg: ModelConfig, knobs: dict, logits: Array, rng: Array, step,
+            row_step: Array) -> Array:
+  """[B, V] logits -> [B] tokens, with a per-row key for loop `step` (one `rng`) or for the
+  row's response slot `row_step` [B] (per-row keys `rng` [B])."""
   logits = sampling.forbid(logits, (cfg.mask_token_id,))
-  keys = sampling.row_keys(rng, step, logits.shape[0], knobs.get("row_offset", 0))
+  if sampling.is_row_keys(rng):
+    keys = sampling.row_step_keys(rng, row_step)
+  else:
+    keys = sampling.row_keys(rng, step, logits.shape[0], knobs.get("row_offset", 0))
   return jax.vmap(lambda lg, k: sampling.sample(
       lg, k, temperature=knobs["temperature"], top_k=knobs["top_k"], top_p=knobs["top_p"]))(
           logits, keys)
@@ -109,7 +123,8 @@ def prefill(params, cfg: ModelConfig, opts: AROptions, tokens, valid, rng,
             knobs: dict | None = None) -> ARState:
   """Runs the prompt through the model (filling the cache) and samples the first token.
 
-  `knobs` are the traced options (default: `opts.split()[1]`)."""
+  `knobs` are the traced options (default: `opts.split()[1]`); `rng` is one key or [B] keys
+  (one per row, see the module docstring)."""
   knobs = opts.split()[1] if knobs is None else knobs
   b, p = tokens.shape
   g = opts.gen_length
@@ -118,7 +133,7 @@ def prefill(params, cfg: ModelConfig, opts: AROptions, tokens, valid, rng,
   logits, cache = Transformer(_next_token_view(cfg)).apply(
       {"params": params}, tokens, block_ids=masks.causal_ids(positions), positions=positions,
       valid=valid, cache=cache, write_len=p)
-  first = _choose(cfg, knobs, logits[:, -1], rng, 0)
+  first = _choose(cfg, knobs, logits[:, -1], rng, 0, jnp.zeros((b,), jnp.int32))
   response = jnp.full((b, g), base.output_pad_id(cfg), jnp.int32).at[:, 0].set(first)
   return ARState(response=response, cache=cache, last=first, next_pos=positions[:, -1] + 1,
                  step=jnp.ones((), jnp.int32), nfe=jnp.ones((), jnp.int32),
@@ -127,15 +142,18 @@ def prefill(params, cfg: ModelConfig, opts: AROptions, tokens, valid, rng,
 
 
 def step(params, cfg: ModelConfig, opts: AROptions, state: ARState) -> ARState:
-  """Feeds each row's last token, samples the next one into response[:, step]."""
+  """Feeds each row's last token, samples the next one into response[b, committed[b]] (a live
+  row has committed one token per loop step, so in a plain decode that is column `step`)."""
   pos = state.next_pos[:, None]
   logits, cache = Transformer(_next_token_view(cfg)).apply(
       {"params": params}, state.last[:, None], block_ids=masks.causal_ids(pos), positions=pos,
       cache=state.cache, write_len=1)
-  token = _choose(cfg, state.knobs, logits[:, 0], state.rng, state.step)
+  token = _choose(cfg, state.knobs, logits[:, 0], state.rng, state.step, state.committed)
   token = jnp.where(state.done, base.output_pad_id(cfg), token)
-  response = jax.lax.dynamic_update_slice(state.response, token[:, None], (0, state.step))
-  done = state.done | _is_stop(cfg, token) | (state.step + 1 >= opts.gen_length)
+  b = token.shape[0]
+  column = jnp.where(state.done, opts.gen_length, state.committed)  # done rows: dropped
+  response = state.response.at[jnp.arange(b), column].set(token, mode="drop")
+  done = state.done | _is_stop(cfg, token) | (state.committed + 1 >= opts.gen_length)
   return state.replace(response=response, cache=cache, last=token, next_pos=state.next_pos + 1,
                        step=state.step + 1, nfe=state.nfe + 1,
                        committed=state.committed + (~state.done).astype(jnp.int32), done=done,
@@ -195,7 +213,8 @@ def ar_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=
     params: model parameters (a causal LM).
     cfg: the model config.
     prompt_tokens: [B, P] int left-padded prompts; prompt_valid: [B, P] bool (None: all real).
-    rng: PRNG key for sampling (default key 0).
+    rng: PRNG key for sampling (default key 0), or [B] keys, one per row (a row's tokens
+      then depend only on its key; module docstring).
     on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
       "flag" (return them with `finite` False, lengths 0).
     **options: fields of `AROptions` (unknown names raise ValueError).

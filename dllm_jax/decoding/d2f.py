@@ -46,6 +46,13 @@ A row whose window logits (its valid slots) are ever non-finite is flagged
 Batched rows give exactly their one-prompt results (left padding; rows never interact)
 for the deterministic rules (temperature 0, confidence ranking other than "random").
 
+Keys: every random draw comes from a key per row and response slot, so a row's samples do
+not depend on the batch, the shard, the window width or its batch index. One `rng` gives
+step s the key `fold_in(rng, s)` and row r (its global index `row_offset + r`) its row key
+from that; a [B] array of keys (one per row) gives row b's response slot j, in the row's
+i-th forward, noise from `fold_in(fold_in(rng[b], i), j)` (the serving engine inserts rows
+into a running batch this way; every other field is per row).
+
 API: `d2f_generate`, `block_diffusion_generate` (the one-block, fixed-schedule special
 case); for step-level control `make_spec`, `init_state`, `step`, `output`, and the step
 interface every decoder module shares (`jit_init_state`, `jit_step`, `running`,
@@ -142,11 +149,16 @@ def _proposals(logits: Array, spec: D2FSpec, limits: ds.Thresholds, rng: Array,
   """[B, T, V] logits -> proposed tokens, their probability, their ranking score [B, T].
 
   `slots` [B, T] are the response slots the logits belong to. Random draws use one key per
-  row and slot (`sampling.row_keys` for row `limits.row_offset + r`, then the slot folded
-  in), so a row's samples depend neither on the batch or shard it is decoded in nor on the
-  window that carried it."""
+  row and slot, so a row's samples depend neither on the batch or shard it is decoded in nor
+  on the window that carried it: with one `rng` (this step's key), row r's key is
+  `sampling.row_keys` for row `limits.row_offset + r`; with per-row keys (`rng` [B], this
+  step's key of each row, as the serving engine passes) it is `rng[b]`; the slot is then
+  folded in."""
   logits = sampling.forbid(logits, [spec.mask_id])
-  rows = sampling.row_keys(rng, 0, logits.shape[0], limits.row_offset)     # [B]
+  if sampling.is_row_keys(rng):
+    rows = rng                                                               # [B]
+  else:
+    rows = sampling.row_keys(rng, 0, logits.shape[0], limits.row_offset)     # [B]
   keys = jax.vmap(lambda key, s: jax.vmap(
       lambda j: jax.random.split(jax.random.fold_in(key, j)))(s))(rows, slots)  # [B, T, 2]
   x0 = jax.vmap(jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, limits.temperature, k)))(
@@ -312,7 +324,10 @@ def _step(params, state: D2FState, *, cfg: ModelConfig, spec: D2FSpec, mesh=None
   `first` marks the first forward, which also writes the prompt into the (empty) cache.
   Only block 0 exists then, so its window is one block.
   """
-  rng = jax.random.fold_in(state.rng, state.steps)
+  if sampling.is_row_keys(state.rng):  # per-row keys: the row's own forward count
+    rng = sampling.row_step_keys(state.rng, state.forwards)
+  else:
+    rng = jax.random.fold_in(state.rng, state.steps)
   cache, last = state.cache, state.last_logits
   k = spec.block_size
   if not spec.use_cache:
@@ -452,7 +467,8 @@ def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng
     params: model parameters (a block-causal D2F student, e.g. LLaDA/Dream + D2F LoRA).
     prompt_tokens, prompt_valid: [B, P] left-padded prompts (`base.pad_prompts`); valid
       None means no padding.
-    rng: PRNG key (used when temperature > 0 or remasking="random").
+    rng: PRNG key (used when temperature > 0 or remasking="random"), or [B] keys, one per
+      row (a row's noise then depends only on its key; module docstring).
     gen_length: G response slots, a multiple of block_length.
     block_length: k (default 32, capped at G). tau_add, tau_act: decoded fractions that
       append / fully activate a block. tau_conf: commit threshold on the token probability.

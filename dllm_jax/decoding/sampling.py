@@ -3,6 +3,13 @@
 Shape legend: B batch, T canvas positions, V vocab. All functions are pure and jit-able;
 randomness comes from an explicit key (fold it in per step: `fold_in(rng, step)`).
 
+Keys may also come one per row or one per position: wherever a function takes `rng`, a key
+array whose shape is the leading shape of the draw (e.g. [B, T] keys for [B, T, V] Gumbel
+noise) draws each position's noise from its own key (`keyed_noise`). Per-position keys make
+a row's randomness independent of the batch and of the forward window it sits in: the
+serving engine derives them from (request seed, row step, response slot) only
+(`row_step_keys`, `slot_keys`).
+
 Scalar knobs (temperature, top_k, top_p, the order temperature) may be Python numbers or
 traced [] arrays: decoders pass them traced, so sweeping them never recompiles. A traced
 temperature of 0 is still exactly greedy (`lax.cond` picks the plain argmax).
@@ -56,8 +63,50 @@ def scale(logits: Array, temperature) -> Array:
                                                                    temperature))
 
 
+def key_batch_shape(rng) -> tuple[int, ...]:
+  """The batch shape of a key array: () for one key (typed, or a raw uint32 [2] key)."""
+  if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    return tuple(rng.shape)
+  return tuple(rng.shape[:-1])
+
+
+def is_row_keys(rng) -> bool:
+  """True for a [B] batch of keys (one per row: typed [B] or raw uint32 [B, 2])."""
+  return rng is not None and len(key_batch_shape(rng)) == 1
+
+
+def keyed_noise(rng: Array, shape, draw) -> Array:
+  """`draw(key, shape)` with one key, or, for a key array of batch shape `shape[:n]`, each
+  leading position drawn from its own key: `draw(rng[i], shape[n:])` stacked."""
+  batch = key_batch_shape(rng)
+  if not batch:
+    return draw(rng, shape)
+  n = len(batch)
+  if tuple(shape[:n]) != batch:
+    raise ValueError(f"a key array of batch shape {batch} cannot draw noise of shape {shape}: "
+                     "its shape must lead the noise shape.")
+  flat = rng.reshape((-1,) + tuple(rng.shape[n:]))
+  return jax.vmap(lambda k: draw(k, tuple(shape[n:])))(flat).reshape(shape)
+
+
+def row_step_keys(row_rng: Array, row_step: Array) -> Array:
+  """[B] keys `fold_in(row_rng[b], row_step[b])`: a row's key for its own step count."""
+  return jax.vmap(jax.random.fold_in)(row_rng, row_step.astype(jnp.int32))
+
+
+def slot_keys(row_rng: Array, slots: Array) -> Array:
+  """[B] keys, [B, T] int slots -> [B, T] keys `fold_in(row_rng[b], slots[b, t])`."""
+  return jax.vmap(lambda k, s: jax.vmap(lambda i: jax.random.fold_in(k, i))(s))(
+      row_rng, slots.astype(jnp.int32))
+
+
+def _uniform(rng: Array, shape, minval=0.0) -> Array:
+  return keyed_noise(rng, shape, lambda k, s: jax.random.uniform(
+      k, s, jnp.float32, minval=minval, maxval=1.0))
+
+
 def _gumbel(rng: Array, shape) -> Array:
-  u = jax.random.uniform(rng, shape, jnp.float32, minval=1e-20, maxval=1.0)
+  u = _uniform(rng, shape, minval=1e-20)
   return -jnp.log(-jnp.log(u))
 
 
@@ -124,7 +173,7 @@ def confidence(logits: Array, x0: Array, kind: str, rng: Array | None = None) ->
   random: uniform noise (LLaDA `random`, Dream `origin`).
   """
   if kind == "random":
-    return jax.random.uniform(rng, x0.shape, jnp.float32)
+    return _uniform(rng, x0.shape)
   probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
   if kind == "probability":
     return jnp.take_along_axis(probs, x0[..., None], axis=-1)[..., 0]

@@ -1,0 +1,17 @@
+"""Continuous-batching serving of the decoders: a fixed set of slots, requests that come and go.
+
+  engine = Engine(params, cfg, methods="d2f", options=dict(gen_length=64), slots=8)
+  rid = engine.submit([1, 5, 6], seed=3)
+  results = engine.run_until_idle()     # StreamUpdate and Result events
+
+See `engine.py` (the loop), `rows.py` (per-row decoders: how a method's rows are inserted
+and stepped; the extension point for new methods), `requests.py` (requests, results, named
+errors) and `metrics.py` (throughput, TTFT, latency percentiles, NFE, slot occupancy).
+"""
+
+from dllm_jax.serving.engine import Engine
+from dllm_jax.serving.metrics import RunMetrics, summarize
+from dllm_jax.serving.requests import (
+    BadOptionError, CancelledError, InvalidPromptError, MaskInPromptError, NonFiniteRowError,
+    PromptTooLongError, Request, RequestError, Result, StreamUpdate, UnknownMethodError)
+from dllm_jax.serving.rows import DECODERS, RowDecoder, register, request_keys

@@ -1,0 +1,581 @@
+"""Continuous batching: a fixed set of slots decoding requests that come and go.
+
+Shape legend: B slots, A admitted rows (a static admit size), P the largest prompt bucket,
+p an admission's prompt bucket, G gen_length.
+
+    engine = Engine(params, cfg, methods={"ar": dict(gen_length=64),
+                                          "d2f": dict(gen_length=64, block_length=16)},
+                    slots=8, max_prompt_len=32)
+    rid = engine.submit([1, 5, 6], method="d2f", seed=3, max_new_tokens=40)
+    for event in engine.serve():          # StreamUpdate / Result events until idle
+      ...
+
+Each method (a *lane*, with one option set) owns B slots: one batched decoder state with
+static shapes (every cursor per row; `rows.py`). `step()` runs every lane once:
+
+  1. admit: waiting requests (FIFO) fill free slots. Their prompts go through the method's
+     batched init at a static admit size A (rows beyond the requests are dropped) and
+     prompt bucket p, are padded to P, and every per-row field (cache rows on axis 1) is
+     scattered into the free slots; the other rows keep their state.
+  2. run: one jitted `lax.while_loop` of decoder steps that returns to the host when
+     occupied rows finish (EOS, max_new_tokens, a non-finite row): the first one when no
+     request waits, else `refill` of them (admissions in batches, few host round trips),
+     or after `max_steps_per_run` steps (streaming, cancellation).
+  3. harvest: each occupied row's final response prefix is streamed (`StreamUpdate`);
+     finished rows give a `Result`, and their slots are freed (rows cut short by the
+     host, e.g. at a request's own stop id, are retired on the device in the next run).
+
+Slots, admit sizes and prompt buckets are static, so after `warmup()` serving never
+compiles again. A row's randomness comes from its request's seed only (per-row keys:
+`rows.request_keys`), so its output equals decoding its prompt alone with the same method,
+options and seed (`ar_generate` / `d2f_generate` with `rng=request_keys([seed])`), whatever
+shares the batch and whatever order requests finish in.
+
+Bad requests are answered at submission with a named `RequestError` and never reach a slot.
+On a mesh (`mesh=`), params are placed like `generate` places them and every per-row state
+field is sharded over the data axes on its row axis (NamedSharding constraints inside the
+jitted functions; slots must divide evenly); rows never interact, so outputs are unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import functools
+import time
+from collections.abc import Iterator, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from dllm_jax.decoding import api, base
+from dllm_jax.models.config import ModelConfig
+from dllm_jax.parallel import mesh as mesh_lib
+from dllm_jax.serving import metrics as metrics_lib
+from dllm_jax.serving import rows
+from dllm_jax.serving.requests import (
+    BadOptionError, CancelledError, InvalidPromptError, MaskInPromptError, NonFiniteRowError,
+    PromptTooLongError, Request, RequestError, Result, StreamUpdate, UnknownMethodError,
+    check_seed, check_stop_ids)
+
+_STATIC = ("decoder", "cfg", "static", "mesh", "rules")
+
+
+def _constrain(decoder, state, mesh, rules):
+  """Pins every per-row leaf's row axis to the mesh's data axes (others unconstrained)."""
+  if mesh is None:
+    return state
+  batch = nn.logical_to_mesh_axes(("batch",), rules)[0]
+  free = PartitionSpec.UNCONSTRAINED
+
+  def pin(axis, x):
+    if axis is None:
+      return x
+    spec = PartitionSpec(*([free] * axis), batch, *([free] * (x.ndim - axis - 1)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+  return jax.tree_util.tree_map(pin, decoder.row_axes(state), state,
+                                is_leaf=lambda x: x is None)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC + ("prompt_len",),
+                   donate_argnames=("state",))
+def _admit(params, state, traced, tokens, valid, seeds, slots, *, decoder, cfg, static,
+           prompt_len, mesh, rules):
+  """Inits A rows (tokens [A, p]) with their requests' keys and scatters them into `slots`."""
+  new = decoder.init(params, cfg, static, traced, tokens, valid, rows.request_keys(seeds))
+  new = decoder.pad(cfg, static, new, prompt_len)
+  return _constrain(decoder, rows.scatter_rows(decoder, state, new, slots), mesh, rules)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
+def _run(params, state, retire, limit, occupied, max_steps, min_finished, *, decoder, cfg,
+         static, mesh, rules):
+  """Retires rows, then steps until `min_finished` occupied rows have finished (or all of
+  them) or after max_steps steps.
+
+  Returns (state, [] steps run, the decoder's progress view)."""
+  state = state.replace(done=state.done | retire)
+
+  def finished(s):
+    _, prefix, done, finite, _ = decoder.progress(static, s)
+    return done | (prefix >= limit) | ~finite
+
+  def more(carry):
+    i, s = carry
+    done = jnp.sum(finished(s) & occupied)
+    return (i < max_steps) & (done < jnp.minimum(min_finished, jnp.sum(occupied)))
+
+  def body(carry):
+    i, s = carry
+    s = decoder.step(params, cfg, static, s, mesh, rules)
+    return i + 1, _constrain(decoder, s, mesh, rules)
+
+  steps, state = jax.lax.while_loop(more, body, (jnp.zeros((), jnp.int32), state))
+  return state, steps, decoder.progress(static, state)
+
+
+@dataclasses.dataclass
+class _Live:
+  """Host record of an occupied slot."""
+  request: Request
+  admitted: float
+  streamed: int = 0
+  first_token: float | None = None
+  tokens: tuple[int, ...] = ()
+
+
+class _Lane:
+  """One method with one option set: its slots, queue and device state."""
+
+  def __init__(self, engine: Engine, method: str, options: dict):
+    self.engine, self.method = engine, method
+    self.decoder = rows.decoder_for(method)
+    cfg = engine.cfg
+    self.options = dict(options)
+    self.opts = self.decoder.make_options(cfg, self.options)
+    self.static, self.traced = self.decoder.split(self.opts)
+    self.gen_length = self.decoder.gen_length(self.static)
+    block = getattr(self.static, "block_size", 1)
+    base.check_window(cfg, engine.prompt_buckets[-1], self.gen_length, block)
+    self.stop_ids = frozenset(base.stop_ids(cfg))
+    self.queue: collections.deque[Request] = collections.deque()
+    self.slots: list[_Live | None] = [None] * engine.num_slots
+    self.retire = np.zeros(engine.num_slots, bool)
+    self.steps = 0
+    self.occupied_steps = 0
+    self.state = self._empty_state()
+
+  # ------------------------------------------------------------------ device calls
+  def _kw(self):
+    e = self.engine
+    return dict(decoder=self.decoder, cfg=e.cfg, static=self.static, mesh=e.mesh,
+                rules=e.rules)
+
+  def _empty_state(self):
+    e = self.engine
+    b, p = e.num_slots, e.prompt_buckets[-1]
+    shapes = jax.eval_shape(
+        lambda: self.decoder.init(e.params, e.cfg, self.static, self.traced,
+                                  jnp.zeros((b, p), jnp.int32), jnp.ones((b, p), bool),
+                                  rows.request_keys(np.zeros(b, np.uint32))))
+    state = rows.empty_like(shapes, self.decoder, self.traced)
+    if e.mesh is not None:
+      with e.context():
+        state = jax.jit(functools.partial(_constrain, self.decoder, mesh=e.mesh,
+                                          rules=e.rules))(state)
+    return state
+
+  def admit_batch(self, requests: Sequence[Request], slots: Sequence[int]) -> None:
+    e = self.engine
+    a = next(s for s in e.admit_sizes if s >= len(requests))
+    p = next(s for s in e.prompt_buckets if s >= max(len(r.prompt) for r in requests))
+    prompts = [list(r.prompt) for r in requests] + [[e.filler_id]] * (a - len(requests))
+    tokens, valid = base.pad_prompts(prompts, base.output_pad_id(e.cfg), p)
+    seeds = np.zeros(a, np.uint32)
+    seeds[:len(requests)] = [r.seed for r in requests]
+    where = np.full(a, e.num_slots, np.int32)  # unused rows: out of range, dropped
+    where[:len(requests)] = slots
+    with e.context():
+      self.state = _admit(e.params, self.state, self.traced, tokens, valid, seeds, where,
+                          prompt_len=e.prompt_buckets[-1], **self._kw())
+
+  def run(self, max_steps: int):
+    e = self.engine
+    occupied = np.array([s is not None for s in self.slots])
+    # With requests waiting, return once enough rows finished to admit a batch of them
+    # (fewer host round trips); with none waiting, as soon as one row finishes.
+    min_finished = min(len(self.queue), e.refill) if self.queue else 1
+    limit = np.array([s.request.max_new_tokens if s else self.gen_length for s in self.slots],
+                     np.int32)
+    with e.context():
+      self.state, steps, view = _run(e.params, self.state, self.retire, limit, occupied,
+                                     np.int32(max_steps), np.int32(max(min_finished, 1)),
+                                     **self._kw())
+    self.retire = np.zeros_like(self.retire)
+    view = jax.device_get((steps, view))
+    steps = int(view[0])
+    self.steps += steps
+    self.occupied_steps += steps * int(occupied.sum())
+    return view[1]
+
+  # ------------------------------------------------------------------ host loop
+  @property
+  def occupied(self) -> int:
+    return sum(s is not None for s in self.slots)
+
+  @property
+  def busy(self) -> bool:
+    return bool(self.queue) or self.occupied > 0
+
+  def step(self) -> list:
+    e = self.engine
+    events: list = []
+    free = [i for i, s in enumerate(self.slots) if s is None]
+    while free and self.queue:
+      take = min(len(free), len(self.queue), e.admit_sizes[-1])
+      batch = [self.queue.popleft() for _ in range(take)]
+      where, free = free[:take], free[take:]
+      self.admit_batch(batch, where)
+      now = time.perf_counter()
+      for request, slot in zip(batch, where):
+        self.slots[slot] = _Live(request, now)
+        self.retire[slot] = False  # the slot holds a fresh row now
+    if not self.occupied:
+      return events
+    response, prefix, done, finite, nfe = self.run(e.max_steps_per_run)
+    now = time.perf_counter()
+    for b, live in enumerate(self.slots):
+      if live is not None:
+        events.extend(self._harvest(b, live, response[b], int(prefix[b]), bool(done[b]),
+                                    bool(finite[b]), int(nfe[b]), now))
+    return events
+
+  def _harvest(self, b, live, response, prefix, done, finite, nfe, now) -> list:
+    request = live.request
+    if not finite:
+      return [self._free(b, done, Result(
+          request.id, status="error", nfe=nfe, latency=now - request.arrival,
+          queued=live.admitted - request.arrival, error=NonFiniteRowError(
+              f"request {request.id}: the model produced non-finite (NaN/inf) logits for its "
+              "row; check the weights (dllm_jax.models.finite) and the dtype.")))]
+    n = min(prefix, request.max_new_tokens)
+    tokens = [int(t) for t in response[:n]]
+    stops = self.stop_ids | set(request.stop_ids)
+    hit = next((i for i, t in enumerate(tokens) if t in stops), None)
+    if hit is not None:
+      tokens = tokens[:hit]
+    final = hit is not None or done or n >= request.max_new_tokens
+    new = tuple(tokens[live.streamed:])
+    events = []
+    if new and live.first_token is None:
+      live.first_token = now
+    if new or final:
+      events.append(StreamUpdate(request.id, new, final))
+    live.streamed, live.tokens = len(tokens), tuple(tokens)
+    if final:
+      ttft = None if live.first_token is None else live.first_token - request.arrival
+      events.append(self._free(b, done, Result(
+          request.id, tokens=tuple(tokens), text=self.engine.decode_text(tokens), nfe=nfe,
+          ttft=ttft, latency=now - request.arrival, queued=live.admitted - request.arrival)))
+    return events
+
+  def _free(self, b: int, done: bool, result: Result) -> Result:
+    self.slots[b] = None
+    self.retire[b] = not done
+    self.engine._record(result)
+    return result
+
+  def cancel(self, request_id: int) -> Result | None:
+    for request in self.queue:
+      if request.id == request_id:
+        self.queue.remove(request)
+        return self.engine._record(_cancelled(request, None, time.perf_counter()))
+    for b, live in enumerate(self.slots):
+      if live is not None and live.request.id == request_id:
+        return self._free(b, False, _cancelled(live.request, live, time.perf_counter()))
+    return None
+
+
+def _cancelled(request: Request, live: _Live | None, now: float) -> Result:
+  return Result(request.id, tokens=live.tokens if live else (), status="cancelled",
+                error=CancelledError(f"request {request.id} was cancelled."),
+                latency=now - request.arrival,
+                queued=None if live is None else live.admitted - request.arrival)
+
+
+def _default_buckets(max_prompt_len: int) -> tuple[int, ...]:
+  sizes, n = [], 16
+  while n < max_prompt_len:
+    sizes.append(n)
+    n *= 2
+  return tuple(sizes) + (max_prompt_len,)
+
+
+def _check_sizes(name: str, sizes, top: int | None = None) -> tuple[int, ...]:
+  sizes = tuple(sizes)
+  if not sizes or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s <= 0
+                      for s in sizes) or list(sizes) != sorted(set(sizes)):
+    raise ValueError(f"{name} must be strictly increasing positive ints, got {sizes!r}.")
+  if top is not None and sizes[-1] > top:
+    raise ValueError(f"{name} {sizes!r} exceed the {top} slots; the largest must be <= {top}.")
+  return tuple(int(s) for s in sizes)
+
+
+class Engine:
+  """A continuous-batching server of prompts over a fixed set of slots per method.
+
+  Args:
+    params: model parameters.
+    cfg: the model config.
+    methods: a method name, or {method: options} for several lanes (each with `slots`
+      slots). Served: `rows.DECODERS` ("ar", "d2f", "block_diffusion").
+    options: the options of a single `methods` name (e.g. gen_length, block_length, tau_*).
+    slots: B, rows decoded together per lane.
+    max_prompt_len: longest prompt accepted (the largest prompt bucket).
+    prompt_buckets: padded prompt lengths admissions compile for (default 16, 32, ...,
+      max_prompt_len); an admission pads to the smallest that holds its prompts.
+    admit_sizes: rows a batched init compiles for (default 1, 4, 16, ... below slots, and
+      slots); an admission of n requests runs the smallest size >= n.
+    max_steps_per_run: decoder steps between host returns when no row finishes (bounds
+      the streaming and cancellation delay).
+    refill: while requests wait, the loop returns to the host once this many rows have
+      finished (default slots // 4), so admissions come in batches and host round trips
+      stay few; with no request waiting it returns at the first finished row.
+    tokenizer: encodes text prompts and decodes `Result.text` (data.tokenizers).
+    mesh, rules: shard the slots over the mesh's data axes (see the module docstring).
+  """
+
+  def __init__(self, params, cfg: ModelConfig, *, methods: str | Mapping = "ar",
+               options: Mapping | None = None, slots: int = 8, max_prompt_len: int = 64,
+               prompt_buckets: Sequence[int] | None = None,
+               admit_sizes: Sequence[int] | None = None, max_steps_per_run: int = 16,
+               refill: int | None = None, tokenizer=None, mesh=None, rules=None):
+    if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots <= 0:
+      raise ValueError(f"slots must be a positive int, got {slots!r}.")
+    if isinstance(methods, str):
+      methods = {methods: dict(options or {})}
+    elif options is not None:
+      raise ValueError("pass options inside methods={method: options} when serving several "
+                       "methods (options= is for a single method name).")
+    if not methods:
+      raise ValueError("methods is empty; name at least one method to serve.")
+    if not isinstance(max_steps_per_run, (int, np.integer)) or max_steps_per_run <= 0:
+      raise ValueError(f"max_steps_per_run must be a positive int, got {max_steps_per_run!r}.")
+    self.cfg, self.num_slots, self.tokenizer = cfg, int(slots), tokenizer
+    self.max_steps_per_run = int(max_steps_per_run)
+    if refill is None:
+      refill = max(1, self.num_slots // 4)
+    if isinstance(refill, bool) or not isinstance(refill, (int, np.integer)) or \
+        not 1 <= refill <= self.num_slots:
+      raise ValueError(f"refill must be an int in [1, slots={self.num_slots}], got {refill!r}.")
+    self.refill = int(refill)
+    buckets = _default_buckets(max_prompt_len) if prompt_buckets is None else prompt_buckets
+    self.prompt_buckets = _check_sizes("prompt_buckets", buckets)
+    if admit_sizes is None:  # 1, 4, 16, ... below slots, then slots
+      admit_sizes = tuple(4 ** i for i in range(self.num_slots.bit_length())
+                          if 4 ** i < self.num_slots) + (self.num_slots,)
+    self.admit_sizes = _check_sizes("admit_sizes", admit_sizes, self.num_slots)
+    self.filler_id = next(i for i in range(cfg.vocab_size) if i != cfg.mask_token_id)
+    self.mesh = mesh
+    self.rules = None
+    self.params = params
+    if mesh is not None:
+      self.rules = mesh_lib.rules_from_config(rules)
+      dp = mesh_lib.data_parallel_size(mesh, self.rules)
+      if self.num_slots % dp:
+        raise ValueError(f"slots={self.num_slots} must be a multiple of the mesh's "
+                         f"data-parallel size {dp}.")
+      self.params = base.place_params(params, cfg, mesh, self.rules)
+    self.lanes: dict[str, _Lane] = {}
+    for method, opts in methods.items():
+      if method not in rows.DECODERS:
+        raise ValueError(_method_message(method))
+      self.lanes[method] = _Lane(self, method, dict(opts))
+    self._next_id = 0
+    self._results: dict[int, Result] = {}
+    self._pending: list = []
+    self._first_arrival: float | None = None
+    self._last_finish: float | None = None
+
+  # ------------------------------------------------------------------ requests
+  def submit(self, prompt, *, method: str | None = None, options: Mapping | None = None,
+             max_new_tokens: int | None = None, stop_ids: Sequence[int] = (),
+             seed: int = 0) -> int:
+    """Queues a request; returns its id. A bad request is answered at once: its `Result`
+    (status "error", `error` a named RequestError) is ready, and no slot is touched."""
+    rid, now = self._next_id, time.perf_counter()
+    self._next_id += 1
+    if self._first_arrival is None:
+      self._first_arrival = now
+    try:
+      lane, request = self._check(rid, now, prompt, method, options, max_new_tokens, stop_ids,
+                                  seed)
+    except RequestError as error:
+      result = Result(rid, status="error", error=error)
+      self._pending.append(self._record(result))
+      return rid
+    lane.queue.append(request)
+    return rid
+
+  def _check(self, rid, now, prompt, method, options, max_new_tokens, stop_ids, seed):
+    if method is None:
+      if len(self.lanes) > 1:
+        raise UnknownMethodError(f"request {rid}: name a method; this engine serves "
+                                 f"{sorted(self.lanes)}.")
+      method = next(iter(self.lanes))
+    if method not in self.lanes:
+      raise UnknownMethodError(f"request {rid}: " + _method_message(method, self.lanes))
+    lane = self.lanes[method]
+    options = dict(options or {})
+    try:
+      api.check_options(method, options)
+      opts = lane.decoder.make_options(self.cfg, {**lane.options, **options})
+    except ValueError as e:
+      raise BadOptionError(f"request {rid}: {e}") from None
+    if opts != lane.opts:
+      differ = sorted(k for k in options if options[k] != lane.options.get(k, object()))
+      raise BadOptionError(
+          f"request {rid}: options {differ} differ from the options this engine's {method!r} "
+          f"lane serves ({lane.options}); send the lane's options or start an engine with "
+          "these.")
+    tokens = self._tokens(rid, prompt)
+    if len(tokens) > self.prompt_buckets[-1]:
+      raise PromptTooLongError(
+          f"request {rid}: the prompt has {len(tokens)} tokens but this engine's longest "
+          f"prompt bucket is {self.prompt_buckets[-1]} (max_prompt_len); shorten the prompt "
+          "or start the engine with a larger max_prompt_len.")
+    if lane.decoder.needs_mask and self.cfg.mask_token_id in tokens:
+      raise MaskInPromptError(
+          f"request {rid}: the prompt contains the mask id {self.cfg.mask_token_id}; remove "
+          "[MASK] tokens from prompts (they would be decoded as blanks).")
+    g = lane.gen_length
+    if max_new_tokens is None:
+      max_new_tokens = g
+    if isinstance(max_new_tokens, (bool, np.bool_)) or not isinstance(
+        max_new_tokens, (int, np.integer)) or not 1 <= max_new_tokens <= g:
+      raise BadOptionError(f"request {rid}: max_new_tokens must be an int in [1, {g}] (the "
+                           f"{method!r} lane's gen_length), got {max_new_tokens!r}.")
+    try:
+      seed = check_seed(seed)
+      stops = check_stop_ids(stop_ids, self.cfg.vocab_size)
+    except BadOptionError as e:
+      raise BadOptionError(f"request {rid}: {e}") from None
+    return lane, Request(rid, tuple(tokens), method, int(max_new_tokens), stops, seed, now)
+
+  def _tokens(self, rid, prompt) -> list[int]:
+    if isinstance(prompt, str):
+      if self.tokenizer is None:
+        raise InvalidPromptError(f"request {rid}: a text prompt needs a tokenizer; pass "
+                                 "Engine(tokenizer=...) or send token ids.")
+      prompt = self.tokenizer.encode(prompt)
+    try:
+      array = np.asarray(prompt)
+    except (TypeError, ValueError):
+      array = np.zeros((0, 0))
+    if array.ndim != 1 or (array.size and not np.issubdtype(array.dtype, np.integer)):
+      raise InvalidPromptError(f"request {rid}: a prompt is a list of token ids (or text with "
+                               f"a tokenizer), got {prompt!r:.80}.")
+    if array.size == 0:
+      raise InvalidPromptError(f"request {rid}: the prompt is empty; send at least one token.")
+    if np.any((array < 0) | (array >= self.cfg.vocab_size)):
+      raise InvalidPromptError(f"request {rid}: the prompt holds token ids outside the "
+                               f"vocabulary [0, {self.cfg.vocab_size}).")
+    return [int(t) for t in array]
+
+  def cancel(self, request_id: int) -> bool:
+    """Cancels a queued or running request (its Result: status "cancelled", the tokens
+    streamed so far). Returns False if it is unknown or already finished."""
+    for lane in self.lanes.values():
+      result = lane.cancel(request_id)
+      if result is not None:
+        self._pending.append(result)
+        return True
+    return False
+
+  # ------------------------------------------------------------------ serving loop
+  def step(self) -> list:
+    """One round: every lane admits, runs and harvests once. Returns the events
+    (StreamUpdate, Result) produced since the last call, bad-request results included."""
+    events, self._pending = self._pending, []
+    for lane in self.lanes.values():
+      events.extend(lane.step())
+    return events
+
+  @property
+  def busy(self) -> bool:
+    return any(lane.busy for lane in self.lanes.values())
+
+  def serve(self) -> Iterator:
+    """Yields events until no request is queued or running."""
+    while self.busy or self._pending:
+      yield from self.step()
+
+  def run_until_idle(self) -> list:
+    return list(self.serve())
+
+  def generate(self, prompts: Sequence, *, seeds: Sequence[int] | None = None,
+               **request) -> list[Result]:
+    """Submits every prompt (with the same request keywords; seeds per prompt), serves until
+    idle and returns their results in prompt order."""
+    ids = [self.submit(p, seed=0 if seeds is None else seeds[i], **request)
+           for i, p in enumerate(prompts)]
+    self.run_until_idle()
+    return [self.pop_result(i) for i in ids]
+
+  def result(self, request_id: int) -> Result | None:
+    return self._results.get(request_id)
+
+  def pop_result(self, request_id: int) -> Result | None:
+    return self._results.pop(request_id, None)
+
+  def _record(self, result: Result) -> Result:
+    if result.request_id in self._results:
+      raise RuntimeError(f"request {result.request_id} answered twice (engine bug).")
+    self._results[result.request_id] = result
+    self._last_finish = time.perf_counter()
+    return result
+
+  @property
+  def occupancy(self) -> int:
+    """Slots holding a request now, over all lanes."""
+    return sum(lane.occupied for lane in self.lanes.values())
+
+  def metrics(self, results: Sequence[Result] | None = None) -> metrics_lib.RunMetrics:
+    """Run metrics over `results` (default: every result not yet popped)."""
+    results = list(self._results.values()) if results is None else list(results)
+    steps = sum(lane.steps for lane in self.lanes.values())
+    slot_steps = sum(lane.steps * self.num_slots for lane in self.lanes.values())
+    occupied = sum(lane.occupied_steps for lane in self.lanes.values())
+    first = self._first_arrival if self._first_arrival is not None else 0.0
+    last = self._last_finish if self._last_finish is not None else first
+    return metrics_lib.summarize(results, first_arrival=first, last_finish=last,
+                                 occupancy=occupied / slot_steps if slot_steps else None,
+                                 steps=steps)
+
+  def reset_metrics(self) -> None:
+    """Starts a new measurement window (results are kept)."""
+    self._first_arrival = self._last_finish = None
+    for lane in self.lanes.values():
+      lane.steps = lane.occupied_steps = 0
+
+  def warmup(self) -> None:
+    """Compiles every admission shape (admit size x prompt bucket) and the run loop of
+    every lane, so serving afterwards never compiles. Needs an idle engine."""
+    if self.busy:
+      raise RuntimeError("warmup() needs an idle engine (requests are queued or running).")
+    for lane in self.lanes.values():
+      for a in self.admit_sizes:
+        for p in self.prompt_buckets:
+          dummy = [Request(-1, (self.filler_id,) * p, lane.method, 1, (), 0, 0.0)] * a
+          lane.admit_batch(dummy, list(range(a)))
+      lane.retire[:] = True
+      lane.run(1)
+      lane.state = lane._empty_state()
+      lane.steps = lane.occupied_steps = 0
+
+  def decode_text(self, tokens) -> str | None:
+    return None if self.tokenizer is None else self.tokenizer.decode(tokens)
+
+  def context(self):
+    """The mesh and logical-axis-rules context device calls run under (none off-mesh)."""
+    if self.mesh is None:
+      return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.set_mesh(self.mesh))
+    stack.enter_context(nn.logical_axis_rules(self.rules))
+    return stack
+
+
+def _method_message(method: str, lanes=None) -> str:
+  served = sorted(rows.DECODERS) if lanes is None else sorted(lanes)
+  if method in rows.NOT_PER_ROW:
+    return (f"method {method!r} cannot be served by the engine yet: "
+            f"{rows.NOT_PER_ROW[method]}. Served: {served}.")
+  if lanes is not None and method in rows.DECODERS:
+    return (f"this engine serves {served}, not {method!r}; start the engine with "
+            f"methods={{{method!r}: options, ...}}.")
+  return f"unknown decoding method {method!r}; served: {served}."

@@ -1,0 +1,223 @@
+"""Per-row decoders: how the engine starts, inserts, steps and reads the rows of one method.
+
+Shape legend: B slots (the engine's batch), A admitted rows, P the largest prompt bucket,
+p this admission's bucket, G gen_length, L layers, K kv heads, Dh head dim.
+
+A decoder module (`decoding/ar.py`, `decoding/d2f.py`) keeps every cursor per row and, given
+per-row keys, draws a row's noise from its own key only; so a batch row can be replaced by a
+fresh one while the others keep their state. A `RowDecoder` adapts a module to the engine:
+
+  make_options(cfg, options) -> opts           checked options (ValueError naming the fix)
+  split(opts) -> (static, traced)               jit-static part, traced knobs
+  gen_length(static) -> G
+  check(cfg, tokens, valid, opts)               the method's prompt checks (ValueError)
+  init(params, cfg, static, traced, tokens [A, p], valid [A, p], keys [A], mesh, rules)
+      -> state of A rows (the method's batched init: AR prefill, D2F's first forward)
+  pad(cfg, static, state, P) -> the A-row state as if its prompts were padded to P
+  step(params, cfg, static, state, mesh, rules) -> state   (one batched forward)
+  with_traced(state, traced) -> state holding the traced knobs (a shared, scalar field)
+  progress(static, state) -> (response [B, G], prefix [B], done [B], finite [B], nfe [B])
+      prefix: leading response slots that are final (what may be streamed); nfe: forwards
+      the row was live in.
+
+Insertion is generic (`row_axes`, `scatter_rows`): every non-scalar leaf of a state is per
+row on axis 0, except the K/V cache's k and v ([L, B, S, K, Dh]) on axis 1; scalars (loop
+counters, traced knobs) are shared and kept. A decoder whose state breaks that rule overrides
+`row_axes`.
+
+Extension point: Fast-dLLM decodes with one block cursor for the whole batch today
+(`decoding/fast_dllm.py`), so a row cannot join mid-block; once its cursors are per row it
+plugs in as one more `RowDecoder` registered in `DECODERS` (`register`), with no change to
+the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_jax.decoding import ar, base, d2f
+from dllm_jax.models import masks
+from dllm_jax.models.config import ModelConfig
+
+Array = jnp.ndarray
+
+
+def request_keys(seeds) -> Array:
+  """[A] per-row PRNG keys of request seeds (uint32). Decoding one prompt alone with
+  `rng=request_keys([seed])` reproduces the engine's output for that request."""
+  return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+
+
+def _pad_axis(x: Array, axis: int, before: int, after: int, value) -> Array:
+  if not before and not after:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (before, after)
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def _pad_cache(cache, capacity: int):
+  """A cache with `capacity` slots per row: new slots empty (NO_KEY), lengths unchanged."""
+  extra = capacity - cache.capacity
+  return cache.replace(k=_pad_axis(cache.k, 2, 0, extra, 0),
+                       v=_pad_axis(cache.v, 2, 0, extra, 0),
+                       block_ids=_pad_axis(cache.block_ids, 1, 0, extra, masks.NO_KEY))
+
+
+def _leading_true(mask: Array) -> Array:
+  """[B, G] bool -> [B] int32 length of each row's leading run of True."""
+  return jnp.sum(jnp.cumprod(mask.astype(jnp.int32), axis=1), axis=1, dtype=jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowDecoder:
+  """Base of the per-row adapters (hashable: a jit static argument)."""
+  method: str
+  needs_mask: bool
+
+  def row_axes(self, state):
+    """The row axis of every leaf (None: shared). See the module docstring."""
+    def axis(path, leaf):
+      if jnp.ndim(leaf) == 0:
+        return None
+      keys = [getattr(p, "name", getattr(p, "key", None)) for p in path]
+      return 1 if len(keys) >= 2 and keys[-2] == "cache" and keys[-1] in ("k", "v") else 0
+    return jax.tree_util.tree_map_with_path(axis, state)
+
+
+class ARRows(RowDecoder):
+  """Autoregressive rows: prefill admits a row, one token per forward."""
+
+  def __init__(self):
+    super().__init__(method="ar", needs_mask=False)
+
+  def make_options(self, cfg: ModelConfig, options: dict):
+    return base.make_options(ar.AROptions, options)
+
+  def split(self, opts):
+    return opts.split()
+
+  def gen_length(self, static) -> int:
+    return static.gen_length
+
+  def check(self, cfg, tokens, valid, opts):
+    ar.check(cfg, tokens, valid, opts)
+
+  def init(self, params, cfg, static, traced, tokens, valid, keys, mesh=None, rules=None):
+    return ar.prefill(params, cfg, static, tokens, valid, keys, traced)
+
+  def pad(self, cfg, static, state, prompt_len: int):
+    return state.replace(cache=_pad_cache(state.cache, prompt_len + static.gen_length))
+
+  def step(self, params, cfg, static, state, mesh=None, rules=None):
+    return ar.step(params, cfg, static, state)
+
+  def with_traced(self, state, traced):
+    return state.replace(knobs=traced)
+
+  def progress(self, static, state):
+    # A live row has committed response[:committed]; a done row's EOS is in it.
+    return state.response, state.committed, state.done, state.finite, state.committed
+
+
+class D2FRows(RowDecoder):
+  """D2F / block-diffusion rows: the first forward (prompt + block 0) admits a row."""
+
+  def __init__(self, method: str):
+    super().__init__(method=method, needs_mask=True)
+
+  def make_options(self, cfg: ModelConfig, options: dict):
+    build = d2f.d2f_options if self.method == "d2f" else d2f.block_diffusion_options
+    return build(cfg, **options)
+
+  def split(self, opts):
+    return opts.spec, opts.limits
+
+  def gen_length(self, static) -> int:
+    return static.gen_length
+
+  def check(self, cfg, tokens, valid, opts):
+    d2f.check(cfg, tokens, valid, opts)
+
+  def init(self, params, cfg, static, traced, tokens, valid, keys, mesh=None, rules=None):
+    kw = {} if mesh is None else dict(mesh=mesh, rules=rules)
+    return d2f._init(params, tokens, valid, keys, traced, cfg=cfg, spec=static, **kw)
+
+  def pad(self, cfg, static, state, prompt_len: int):
+    extra = prompt_len - state.prompt.shape[1]
+    state = state.replace(prompt=_pad_axis(state.prompt, 1, extra, 0, static.pad_id),
+                          prompt_valid=_pad_axis(state.prompt_valid, 1, extra, 0, False))
+    if state.cache is not None:
+      state = state.replace(cache=_pad_cache(state.cache, prompt_len + static.gen_length))
+    return state
+
+  def step(self, params, cfg, static, state, mesh=None, rules=None):
+    kw = {} if mesh is None else dict(mesh=mesh, rules=rules)
+    return d2f._step(params, state, cfg=cfg, spec=static, **kw)
+
+  def with_traced(self, state, traced):
+    return state.replace(limits=traced)
+
+  def progress(self, static, state):
+    return (state.response, _leading_true(state.decided), state.done, state.finite,
+            state.forwards)
+
+
+DECODERS: dict[str, RowDecoder] = {}
+
+
+def register(decoder: RowDecoder) -> None:
+  """Makes `decoder.method` servable by every engine built afterwards."""
+  DECODERS[decoder.method] = decoder
+
+
+for _decoder in (ARRows(), D2FRows("d2f"), D2FRows("block_diffusion")):
+  register(_decoder)
+
+# Methods `generate` knows but the engine cannot serve yet, and why.
+NOT_PER_ROW = {
+    "fast_dllm": "its block cursor is shared by the whole batch (decoding/fast_dllm.py); a "
+                 "per-row Fast-dLLM registers a RowDecoder in dllm_jax.serving.rows",
+    "llada": "its step schedule is shared by the whole batch",
+    "dream": "its step schedule is shared by the whole batch",
+}
+
+
+def scatter_rows(decoder: RowDecoder, state, new, slots: Array):
+  """`state` with rows `slots` [A] replaced by the A rows of `new` (an out-of-range slot,
+  e.g. B for an unused admission row, is dropped). Shared scalars keep `state`'s values."""
+  def put(axis, old, fresh):
+    if axis is None:
+      return old
+    index = (slice(None),) * axis + (slots,)
+    return old.at[index].set(fresh, mode="drop")
+  return jax.tree_util.tree_map(put, decoder.row_axes(state), state, new,
+                                is_leaf=lambda x: x is None)
+
+
+def _is_key(x) -> bool:
+  return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def empty_like(shapes, decoder: RowDecoder, traced):
+  """A state of the given abstract shapes with every row done (empty slots) and the lane's
+  traced knobs (shared fields, which admissions keep)."""
+  def make(s):
+    if _is_key(s):
+      return jnp.broadcast_to(jax.random.key(0), s.shape)
+    return jnp.zeros(s.shape, s.dtype)
+  state = jax.tree_util.tree_map(make, shapes)
+  state = decoder.with_traced(state, jax.tree_util.tree_map(jnp.asarray, traced))
+  return state.replace(done=jnp.ones_like(state.done), finite=jnp.ones_like(state.finite))
+
+
+def decoder_for(method: str) -> RowDecoder:
+  return DECODERS[method]
+
+
+def numpy_rows(x) -> np.ndarray:
+  return np.asarray(jax.device_get(x))

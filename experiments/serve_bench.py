@@ -1,0 +1,26 @@
+"""Serving benchmark: a thin shell around `dllm_jax.study.serve_bench.run`.
+
+  python experiments/serve_bench.py   # = --config configs/serve_bench.py --workdir runs/serve_bench
+
+Writes serve_bench.json, serve_bench.md (also printed) and serve_bench.png to --workdir.
+Any config key can be overridden, e.g. --config.concurrency='(16,)'.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from dllm_jax.study import serve_bench
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/serve_bench.py",
+                                          "configs/serve_bench.py", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", "runs/serve_bench", "Output directory.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  serve_bench.run(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,271 @@
+"""The continuous-batching engine: every request's output equals its prompt decoded alone.
+
+References: each prompt's one-prompt decode with the same method, options and seed
+(`rng=request_keys([seed])`), cut before the request's stop ids and at max_new_tokens. A
+batched decode with per-row keys gives every row its one-prompt result
+(test_serving_rows.py); `_alone` checks that again on a sample of true one-prompt runs and
+uses the batch for the rest, which keeps these tests fast.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+from dllm_jax.decoding import ar, base, d2f
+from dllm_jax.models import get_preset
+from dllm_jax.serving import (BadOptionError, CancelledError, Engine, InvalidPromptError,
+                              MaskInPromptError, PromptTooLongError, Result, StreamUpdate,
+                              UnknownMethodError, request_keys)
+from test_decoding_d2f import peaked_params
+
+CFG = get_preset("tiny")
+G = 12
+METHODS = {
+    "ar": (ar.ar_generate, dict(gen_length=G)),
+    "d2f": (d2f.d2f_generate, dict(gen_length=G, block_length=4, tau_conf=0.5)),
+    "block_diffusion": (d2f.block_diffusion_generate, dict(gen_length=G, block_length=4)),
+}
+SAMPLED = {"ar": dict(temperature=1.0, top_p=0.9), "d2f": dict(temperature=1.0),
+           "block_diffusion": dict(temperature=0.8, remasking="random")}
+
+
+@pytest.fixture(scope="module")
+def params():
+  return peaked_params()
+
+
+def workload(n: int, seed: int = 0):
+  """n mixed requests: prompt lengths 1..14, some with a max_new_tokens below G or an
+  extra stop id, each with its own seed."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(n):
+    prompt = [int(t) for t in rng.integers(4, CFG.vocab_size, rng.integers(1, 15))]
+    kw = dict(seed=int(rng.integers(0, 2 ** 32)))
+    if rng.random() < 0.3:
+      kw["max_new_tokens"] = int(rng.integers(1, G + 1))
+    if rng.random() < 0.2:
+      kw["stop_ids"] = (int(rng.integers(4, CFG.vocab_size)),)
+    out.append((prompt, kw))
+  return out
+
+
+def _alone(params, method, options, requests, check=4):
+  """Each request's one-prompt output (tuple of ids), cut like the engine cuts it."""
+  fn, base_opts = METHODS[method]
+  opts = {**base_opts, **options}
+  prompts = [p for p, _ in requests]
+  seeds = [kw["seed"] for _, kw in requests]
+  tokens, valid = base.pad_prompts(prompts, CFG.pad_token_id)
+  batch = fn(params, CFG, tokens, valid, request_keys(seeds), **opts)
+  refs = []
+  for i, (prompt, kw) in enumerate(requests):
+    row = np.asarray(batch.tokens[i])[:int(batch.lengths[i])].tolist()
+    if i < check:  # true one-prompt runs agree with the batched rows
+      one = fn(params, CFG, np.asarray([prompt]), None, request_keys([kw["seed"]]), **opts)
+      assert np.asarray(one.tokens[0])[:int(one.lengths[0])].tolist() == row
+    row = row[:kw.get("max_new_tokens", G)]
+    for j, t in enumerate(row):
+      if t in kw.get("stop_ids", ()):
+        row = row[:j]
+        break
+    refs.append(tuple(row))
+  return refs
+
+
+def _serve(engine, method, options, requests, order=None):
+  order = range(len(requests)) if order is None else order
+  ids = {}
+  for i in order:
+    prompt, kw = requests[i]
+    ids[i] = engine.submit(prompt, method=method, options=options, **kw)
+  events = engine.run_until_idle()
+  results = [e for e in events if isinstance(e, Result)]
+  assert sorted(r.request_id for r in results) == sorted(ids.values())  # none lost / twice
+  assert engine.occupancy == 0
+  by_id = {r.request_id: r for r in results}
+  return [by_id[ids[i]] for i in range(len(requests))], events
+
+
+def _engine(params, method, options, slots=8, **kw):
+  _, base_opts = METHODS[method]
+  return Engine(params, CFG, methods=method, options={**base_opts, **options}, slots=slots,
+                max_prompt_len=16, prompt_buckets=(8, 16), **kw)
+
+
+def _check_outputs(params, method, options, n, slots=8):
+  requests = workload(n, seed=n)
+  refs = _alone(params, method, options, requests)
+  engine = _engine(params, method, options, slots)
+  results, events = _serve(engine, method, options, requests)
+  assert all(r.ok for r in results)
+  assert [r.tokens for r in results] == refs
+  # Streaming: each request's updates concatenate to its tokens and end with done.
+  streamed = {}
+  for e in events:
+    if isinstance(e, StreamUpdate):
+      assert not streamed.get(e.request_id, ((), False))[1]
+      streamed[e.request_id] = (streamed.get(e.request_id, ((), False))[0] + e.new_tokens,
+                                e.done)
+  assert all(streamed[r.request_id] == (r.tokens, True) for r in results)
+  assert all(r.ttft is None or r.ttft <= r.latency for r in results)
+  assert all(1 <= r.nfe <= G + 1 for r in results)
+  # Completion order: reversed submission, 3 slots, one step per run -> same outputs.
+  other = _engine(params, method, options, slots=3, max_steps_per_run=1)
+  again, _ = _serve(other, method, options, requests, order=range(n - 1, -1, -1))
+  assert [r.tokens for r in again] == refs
+  return results
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_outputs_equal_alone(params, method, sampled):
+  _check_outputs(params, method, SAMPLED[method] if sampled else {}, n=24)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_200_requests_equal_alone(params, method, sampled):
+  results = _check_outputs(params, method, SAMPLED[method] if sampled else {}, n=200)
+  assert len({len(r.tokens) for r in results}) > 3  # mixed lengths
+
+
+def test_bad_requests_are_refused_alone(params):
+  engine = Engine(params, CFG, methods={m: METHODS[m][1] for m in ("ar", "d2f")},
+                  slots=4, max_prompt_len=8, prompt_buckets=(8,))
+  good = [engine.submit([5, 6, 7], method="d2f", seed=1),
+          engine.submit([9], method="ar", seed=2)]
+  bad = {
+      engine.submit([5] * 9, method="ar"): PromptTooLongError,
+      engine.submit([5, CFG.mask_token_id], method="d2f"): MaskInPromptError,
+      engine.submit([5], method="fast_dllm"): UnknownMethodError,
+      engine.submit([5], method="llada"): UnknownMethodError,
+      engine.submit([5], method="nope"): UnknownMethodError,
+      engine.submit([5], method="ar", options=dict(temperature=-1.0)): BadOptionError,
+      engine.submit([5], method="ar", options=dict(tempreature=1.0)): BadOptionError,
+      engine.submit([5], method="ar", options=dict(temperature=0.5)): BadOptionError,
+      engine.submit([5], method="d2f", options=dict(block_size=4)): BadOptionError,
+      engine.submit([5], method="ar", max_new_tokens=G + 1): BadOptionError,
+      engine.submit([5], method="ar", seed=-1): BadOptionError,
+      engine.submit([5], method="ar", stop_ids=[CFG.vocab_size]): BadOptionError,
+      engine.submit([], method="ar"): InvalidPromptError,
+      engine.submit([5, CFG.vocab_size], method="ar"): InvalidPromptError,
+      engine.submit("text", method="ar"): InvalidPromptError,
+      engine.submit([[5]], method="ar"): InvalidPromptError,
+      engine.submit([5]): UnknownMethodError,  # two lanes: the method must be named
+  }
+  for rid, kind in bad.items():
+    result = engine.result(rid)
+    assert result.status == "error" and type(result.error) is kind, (rid, result)
+    with pytest.raises(kind, match=f"request {rid}"):
+      result.raise_for_error()
+  assert engine.occupancy == 0 and engine.busy
+  engine.run_until_idle()
+  got = [engine.result(i).tokens for i in good]
+  assert got == _alone(params, "d2f", {}, [([5, 6, 7], dict(seed=1))]) + \
+      _alone(params, "ar", {}, [([9], dict(seed=2))])
+
+
+def test_cancel_queued_and_running(params):
+  engine = _engine(params, "ar", {}, slots=2, max_steps_per_run=1)
+  requests = workload(6, seed=3)
+  ids = [engine.submit(p, method="ar", **kw) for p, kw in requests]
+  events = engine.step()  # two requests admitted and stepped once
+  running = [i for i in ids[:2] if engine.result(i) is None]
+  assert engine.cancel(ids[5])  # queued
+  for rid in running:
+    assert engine.cancel(rid)
+  assert not engine.cancel(ids[5]) and not engine.cancel(10 ** 6)
+  events += engine.run_until_idle()
+  assert engine.occupancy == 0
+  refs = _alone(params, "ar", {}, requests)
+  for rid, ref in zip(ids, refs):
+    result = engine.result(rid)
+    if rid in running or rid == ids[5]:
+      assert result.status == "cancelled" and isinstance(result.error, CancelledError)
+      assert ref[:len(result.tokens)] == result.tokens  # what was streamed is a prefix
+    else:
+      assert result.ok and result.tokens == ref
+
+
+def test_no_recompiles_after_warmup(params):
+  from jax._src import dispatch
+  engine = Engine(params, CFG, methods={"ar": dict(gen_length=G, temperature=1.0),
+                                        "d2f": dict(gen_length=G, block_length=4)},
+                  slots=4, max_prompt_len=16, prompt_buckets=(8, 16))
+  engine.warmup()
+  compiles = []
+
+  def listen(event, duration, **kw):
+    if event == dispatch.BACKEND_COMPILE_EVENT:
+      compiles.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    for method in ("ar", "d2f"):
+      for prompt, kw in workload(30, seed=5):
+        engine.submit(prompt, method=method, **kw)
+    engine.run_until_idle()
+    engine.submit([5, 6], method="ar")
+    engine.submit([7], method="d2f")
+    engine.step()
+    engine.cancel(engine._next_id - 1)
+    engine.run_until_idle()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
+  assert compiles == []
+  assert engine.metrics().occupancy > 0
+
+
+def test_metrics(params):
+  engine = _engine(params, "d2f", {}, slots=4)
+  requests = workload(10, seed=9)
+  results, _ = _serve(engine, "d2f", {}, requests)
+  m = engine.metrics()
+  assert m.ok == 10 and m.tokens == sum(len(r.tokens) for r in results)
+  assert m.throughput == pytest.approx(m.tokens / m.wall)
+  assert 0 < m.occupancy <= 1 and m.steps > 0
+  assert m.latency_p50 <= m.latency_p95 <= max(r.latency for r in results) + 1e-9
+  assert m.nfe_mean == pytest.approx(np.mean([r.nfe for r in results]))
+
+
+def test_engine_rejects_bad_setup(params):
+  with pytest.raises(ValueError, match="exceeds the model window"):
+    Engine(params, CFG, methods="ar", options=dict(gen_length=64), max_prompt_len=100)
+  with pytest.raises(ValueError, match="cannot be served"):
+    Engine(params, CFG, methods="fast_dllm")
+  with pytest.raises(ValueError, match="admit_sizes"):
+    Engine(params, CFG, methods="ar", options=dict(gen_length=8), slots=4,
+           admit_sizes=(2, 8))
+  with pytest.raises(ValueError, match="Unknown option"):
+    Engine(params, CFG, methods="ar", options=dict(gen_lenght=8))
+
+
+@pytest.mark.slow
+def test_mesh_slots_equal_one_device(run_devices):
+  """Slots sharded over a 4-way data mesh give the one-device engine's outputs."""
+  out = run_devices("""
+    import json, jax, numpy as np
+    from dllm_jax.models import get_preset
+    from dllm_jax.parallel import mesh as mesh_lib
+    from dllm_jax.serving import Engine
+    import sys; sys.path.insert(0, "tests")
+    from test_decoding_d2f import peaked_params
+    cfg, params = get_preset("tiny"), peaked_params()
+    rng = np.random.default_rng(0)
+    prompts = [[int(t) for t in rng.integers(4, 64, rng.integers(1, 9))] for _ in range(12)]
+    got = {}
+    for mesh in (None, mesh_lib.make_mesh({"data": 4})):
+      for method, opts in (("ar", dict(gen_length=8, temperature=1.0)),
+                           ("d2f", dict(gen_length=8, block_length=4, temperature=1.0))):
+        e = Engine(params, cfg, methods=method, options=opts, slots=4, max_prompt_len=8,
+                   prompt_buckets=(8,), mesh=mesh)
+        res = e.generate(prompts, seeds=list(range(12)))
+        got.setdefault(method, []).append([list(r.tokens) for r in res])
+    print(json.dumps(got))
+  """, devices=4)
+  import json
+  got = json.loads(out.strip().splitlines()[-1])
+  for method, (one, mesh) in got.items():
+    assert one == mesh, method
