@@ -270,6 +270,18 @@ def train(command: str, ws: Workspace) -> None:
   assert steps in ckpt_lib.steps_in(workdir), f"{workdir} holds no checkpoint at step {steps}"
 
 
+SERVE_OVERRIDES = ["--config.num_requests=8", "--config.concurrency=(2,)",
+                   "--config.gen_length=16", "--config.block_length=8"]
+
+
+def serve_bench(command: str, ws: Workspace) -> None:
+  out = run_shell(shlex.join(shlex.split(command) + SERVE_OVERRIDES +
+                             [f"--workdir={ws.root / 'serve_bench'}"]))
+  for f in ("serve_bench.json", "serve_bench.md"):
+    assert (ws.root / "serve_bench" / f).stat().st_size > 0, f
+  assert "engine" in out and "static" in out, out[-2000:]
+
+
 def generate_cli(command: str, ws: Workspace) -> None:
   out = run_shell(command, devices=8, stderr=True)  # answers on stdout, the stats on stderr
   assert "tok/s" in out and "NFE" in out, out[-2000:]
@@ -296,6 +308,8 @@ COMMAND_RULES: list[Rule] = [
          "run with STUDY_OVERRIDES (tiny models, 2 prompts)", study),
     Rule(r"python experiments/train\.py --config \S+ --workdir \S+( --config\.\S+)*",
          "run with TRAIN_OVERRIDES (2 steps of a tiny model)", train),
+    Rule(r"python experiments/serve_bench\.py",
+         "run with SERVE_OVERRIDES (8 requests at concurrency 2)", serve_bench),
     Rule(r"python -m dllm_jax\.generate .*",
          "run on the tiny LLaDA + D2F adapter stand-ins, 8 fake CPU devices", generate_cli),
     Rule(r"huggingface-cli download \S+ --local-dir \S+",
