@@ -34,12 +34,21 @@ runs = {
 for method, kw in runs.items():
   rng = jax.random.key(5)
   one = api.generate(params, cfg, PROMPTS, method=method, rng=rng, **kw)
-  many = api.generate(params, cfg, PROMPTS, method=method, rng=rng, mesh=mesh, **kw)
+  many = api.generate(params, cfg, PROMPTS, method=method, rng=rng, mesh=mesh,
+                      data_parallel="spmd", **kw)
   assert many.tokens.shape == one.tokens.shape, (method, many.tokens.shape)
   assert len(many.tokens.sharding.device_set) == 8, method
   for field in ("tokens", "lengths", "nfe", "steps", "committed", "done"):
     np.testing.assert_array_equal(np.asarray(getattr(many, field)),
                                   np.asarray(getattr(one, field)), err_msg=method + field)
+  # shard_map (the default): the same tokens; each shard stops with its own rows, so the
+  # largest shard's step count is at most the whole batch's.
+  own = api.generate(params, cfg, PROMPTS, method=method, rng=rng, mesh=mesh, **kw)
+  assert len(own.tokens.sharding.device_set) == 8, method
+  for field in ("tokens", "lengths", "committed", "done"):
+    np.testing.assert_array_equal(np.asarray(getattr(own, field)),
+                                  np.asarray(getattr(one, field)), err_msg=method + field)
+  assert int(own.steps) <= int(one.steps) and int(own.nfe) <= int(one.nfe), method
   print(method, "ok")
 """
 
