@@ -22,11 +22,14 @@ def _path_name(path) -> str:
 
 
 @jax.jit
-def _bad_counts(params):
-  """Per-leaf count of non-finite entries (one device reduction per leaf, one transfer)."""
-  return jax.tree.map(
-      lambda x: jnp.sum(~jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact)
-      else jnp.zeros((), jnp.int32), params)
+def _all_finite(x):
+  """[] bool: no NaN/inf in `x` (one fused reduction, no array-sized temporary)."""
+  return jnp.all(jnp.isfinite(x))
+
+
+@jax.jit
+def _bad_count(x):
+  return jnp.sum(~jnp.isfinite(x), dtype=jnp.int32)
 
 
 def check_finite(params, source: str = "params") -> None:
@@ -36,9 +39,13 @@ def check_finite(params, source: str = "params") -> None:
     params: a params pytree (NumPy or jax arrays, sharded or not).
     source: where the params came from (a path), for the message.
   """
-  counts = jax.device_get(_bad_counts(params))
-  bad = [(_path_name(p), int(c), int(np.size(x))) for (p, c), x in zip(
-      jax.tree_util.tree_flatten_with_path(counts)[0], jax.tree.leaves(params)) if int(c)]
+  # Leaf by leaf: one tree-wide program would hold temporaries for every leaf at once (a
+  # second model's worth of memory during a load); a leaf at a time holds none.
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  inexact = [(p, x) for p, x in leaves if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  flags = jax.device_get([_all_finite(x) for _, x in inexact])
+  bad = [(_path_name(p), int(_bad_count(x)), int(np.size(x)))
+         for (p, x), ok in zip(inexact, flags) if not ok]
   if bad:
     listed = ", ".join(f"{name} ({count} of {size} entries)" for name, count, size in bad[:5])
     more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
