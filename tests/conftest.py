@@ -89,14 +89,38 @@ def compile_cache(_compile_cache_dir):
 
 @pytest.fixture(scope="session")
 def demo_cache(tmp_path_factory):
-  """$DLLM_JAX_CACHE pointing at a session cache holding the built demo (one build)."""
+  """$DLLM_JAX_CACHE pointing at a session cache holding the built demo (one build).
+
+  Under pytest-xdist the workers share one cache (next to their base temp directories); a
+  file lock makes the first worker build it while the others wait, instead of each training
+  the demo again.
+  """
+  import fcntl
   from dllm_jax import demo
-  root = tmp_path_factory.getbasetemp() / "dllm_jax_cache"
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    base = base.parent  # shared by every worker of this run
+  root = base / "dllm_jax_cache"
   saved = os.environ.get(demo.CACHE_ENV)
   os.environ[demo.CACHE_ENV] = str(root)
-  demo.ensure()
+  with open(base / "dllm_jax_cache.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    demo.ensure()
   yield root
   if saved is None:
     os.environ.pop(demo.CACHE_ENV, None)
   else:
     os.environ[demo.CACHE_ENV] = saved
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_jax_caches():
+  """Drops JAX's compiled programs after each test module.
+
+  A few hundred modules' worth of executables kept alive in one process made XLA:CPU crash
+  while compiling (a segfault inside `backend_compile_and_load`, at the same test every run);
+  programs are rarely shared between modules, so this costs almost no recompiles.
+  """
+  yield
+  if "jax" in sys.modules:
+    sys.modules["jax"].clear_caches()
