@@ -1,7 +1,9 @@
 """The continuous-batching engine: every request's output equals its prompt decoded alone.
 
 References: each prompt's one-prompt decode with the same method, options and seed
-(`rng=request_keys([seed])`), cut before the request's stop ids and at max_new_tokens. A
+(`generate(..., method=m, rng=request_keys([seed]))`), cut before the request's stop ids and
+at max_new_tokens. Lanes are named by method, or `fast_dllm_<cache>` for Fast-dLLM's cache
+modes (each mode with one rule: dual threshold, prefix factor, none threshold). A
 batched decode with per-row keys gives every row its one-prompt result
 (test_serving_rows.py); `_alone` checks that again on a sample of true one-prompt runs and
 uses the batch for the rest, which keeps these tests fast.
@@ -11,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from dllm_jax.decoding import ar, base, d2f
+from dllm_jax.decoding import ar, base, d2f, fast_dllm, generate
 from dllm_jax.models import get_preset
 from dllm_jax.serving import (BadOptionError, CancelledError, Engine, InvalidPromptError,
                               MaskInPromptError, PromptTooLongError, Result, StreamUpdate,
@@ -24,9 +26,22 @@ METHODS = {
     "ar": (ar.ar_generate, dict(gen_length=G)),
     "d2f": (d2f.d2f_generate, dict(gen_length=G, block_length=4, tau_conf=0.5)),
     "block_diffusion": (d2f.block_diffusion_generate, dict(gen_length=G, block_length=4)),
+    "fast_dllm_dual": (fast_dllm.fast_dllm_generate,
+                       dict(gen_length=G, block_length=4, cache="dual", threshold=0.5)),
+    "fast_dllm_prefix": (fast_dllm.fast_dllm_generate,
+                         dict(gen_length=G, block_length=4, cache="prefix", rule="factor")),
+    "fast_dllm_none": (fast_dllm.fast_dllm_generate,
+                       dict(gen_length=G, block_length=6, cache="none", threshold=0.7)),
 }
 SAMPLED = {"ar": dict(temperature=1.0, top_p=0.9), "d2f": dict(temperature=1.0),
-           "block_diffusion": dict(temperature=0.8, remasking="random")}
+           "block_diffusion": dict(temperature=0.8, remasking="random"),
+           "fast_dllm_dual": dict(temperature=1.0), "fast_dllm_prefix": dict(temperature=0.8),
+           "fast_dllm_none": dict(temperature=1.0)}
+
+
+def method_of(lane: str) -> str:
+  """The engine's method name of a lane name."""
+  return "fast_dllm" if lane.startswith("fast_dllm") else lane
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +65,9 @@ def workload(n: int, seed: int = 0):
   return out
 
 
-def _alone(params, method, options, requests, check=4):
+def _alone(params, lane, options, requests, check=4):
   """Each request's one-prompt output (tuple of ids), cut like the engine cuts it."""
-  fn, base_opts = METHODS[method]
+  fn, base_opts = METHODS[lane]
   opts = {**base_opts, **options}
   prompts = [p for p, _ in requests]
   seeds = [kw["seed"] for _, kw in requests]
@@ -62,7 +77,8 @@ def _alone(params, method, options, requests, check=4):
   for i, (prompt, kw) in enumerate(requests):
     row = np.asarray(batch.tokens[i])[:int(batch.lengths[i])].tolist()
     if i < check:  # true one-prompt runs agree with the batched rows
-      one = fn(params, CFG, np.asarray([prompt]), None, request_keys([kw["seed"]]), **opts)
+      one = generate(params, CFG, [prompt], method=method_of(lane),
+                     rng=request_keys([kw["seed"]]), **opts)
       assert np.asarray(one.tokens[0])[:int(one.lengths[0])].tolist() == row
     row = row[:kw.get("max_new_tokens", G)]
     for j, t in enumerate(row):
@@ -87,16 +103,17 @@ def _serve(engine, method, options, requests, order=None):
   return [by_id[ids[i]] for i in range(len(requests))], events
 
 
-def _engine(params, method, options, slots=8, **kw):
-  _, base_opts = METHODS[method]
-  return Engine(params, CFG, methods=method, options={**base_opts, **options}, slots=slots,
-                max_prompt_len=16, prompt_buckets=(8, 16), **kw)
+def _engine(params, lane, options, slots=8, **kw):
+  _, base_opts = METHODS[lane]
+  return Engine(params, CFG, methods=method_of(lane), options={**base_opts, **options},
+                slots=slots, max_prompt_len=16, prompt_buckets=(8, 16), **kw)
 
 
-def _check_outputs(params, method, options, n, slots=8):
+def _check_outputs(params, lane, options, n, slots=8):
   requests = workload(n, seed=n)
-  refs = _alone(params, method, options, requests)
-  engine = _engine(params, method, options, slots)
+  refs = _alone(params, lane, options, requests)
+  method = method_of(lane)
+  engine = _engine(params, lane, options, slots)
   results, events = _serve(engine, method, options, requests)
   assert all(r.ok for r in results)
   assert [r.tokens for r in results] == refs
@@ -111,7 +128,7 @@ def _check_outputs(params, method, options, n, slots=8):
   assert all(r.ttft is None or r.ttft <= r.latency for r in results)
   assert all(1 <= r.nfe <= G + 1 for r in results)
   # Completion order: reversed submission, 3 slots, one step per run -> same outputs.
-  other = _engine(params, method, options, slots=3, max_steps_per_run=1)
+  other = _engine(params, lane, options, slots=3, max_steps_per_run=1)
   again, _ = _serve(other, method, options, requests, order=range(n - 1, -1, -1))
   assert [r.tokens for r in again] == refs
   return results
@@ -125,21 +142,31 @@ def test_outputs_equal_alone(params, method, sampled):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", ["ar", "block_diffusion", "d2f", "fast_dllm_dual"])
 def test_200_requests_equal_alone(params, method, sampled):
+  """Every method (Fast-dLLM with its dual cache), the compiled programs of the test above."""
   results = _check_outputs(params, method, SAMPLED[method] if sampled else {}, n=200)
   assert len({len(r.tokens) for r in results}) > 3  # mixed lengths
 
 
 def test_bad_requests_are_refused_alone(params):
-  engine = Engine(params, CFG, methods={m: METHODS[m][1] for m in ("ar", "d2f")},
+  fast = METHODS["fast_dllm_dual"][1]
+  engine = Engine(params, CFG, methods={"ar": METHODS["ar"][1], "d2f": METHODS["d2f"][1],
+                                        "fast_dllm": fast},
                   slots=4, max_prompt_len=8, prompt_buckets=(8,))
   good = [engine.submit([5, 6, 7], method="d2f", seed=1),
           engine.submit([9], method="ar", seed=2)]
   bad = {
       engine.submit([5] * 9, method="ar"): PromptTooLongError,
       engine.submit([5, CFG.mask_token_id], method="d2f"): MaskInPromptError,
-      engine.submit([5], method="fast_dllm"): UnknownMethodError,
+      engine.submit([5], method="fast_dllm", options=dict(threshold=-1.0)): BadOptionError,
+      engine.submit([5], method="fast_dllm", options=dict(cache="bogus")): BadOptionError,
+      engine.submit([5], method="fast_dllm", options=dict(rule="top_k")): BadOptionError,
+      engine.submit([5], method="fast_dllm", options=dict(block_length=5)): BadOptionError,
+      engine.submit([5], method="fast_dllm", options=dict(cache="prefix")): BadOptionError,
+      engine.submit([5], method="fast_dllm", options=dict(steps=4)): BadOptionError,
+      engine.submit([5, CFG.mask_token_id], method="fast_dllm"): MaskInPromptError,
+      engine.submit([5], method="fast_dllm", max_new_tokens=0): BadOptionError,
       engine.submit([5], method="llada"): UnknownMethodError,
       engine.submit([5], method="nope"): UnknownMethodError,
       engine.submit([5], method="ar", options=dict(temperature=-1.0)): BadOptionError,
@@ -153,7 +180,7 @@ def test_bad_requests_are_refused_alone(params):
       engine.submit([5, CFG.vocab_size], method="ar"): InvalidPromptError,
       engine.submit("text", method="ar"): InvalidPromptError,
       engine.submit([[5]], method="ar"): InvalidPromptError,
-      engine.submit([5]): UnknownMethodError,  # two lanes: the method must be named
+      engine.submit([5]): UnknownMethodError,  # three lanes: the method must be named
   }
   for rid, kind in bad.items():
     result = engine.result(rid)
@@ -191,8 +218,11 @@ def test_cancel_queued_and_running(params):
 
 def test_no_recompiles_after_warmup(params):
   from jax._src import dispatch
+  lanes = ("ar", "d2f", "fast_dllm")
   engine = Engine(params, CFG, methods={"ar": dict(gen_length=G, temperature=1.0),
-                                        "d2f": dict(gen_length=G, block_length=4)},
+                                        "d2f": dict(gen_length=G, block_length=4),
+                                        "fast_dllm": dict(gen_length=G, block_length=4,
+                                                          cache="dual", temperature=1.0)},
                   slots=4, max_prompt_len=16, prompt_buckets=(8, 16))
   engine.warmup()
   compiles = []
@@ -203,14 +233,16 @@ def test_no_recompiles_after_warmup(params):
 
   jax.monitoring.register_event_duration_secs_listener(listen)
   try:
-    for method in ("ar", "d2f"):
+    for method in lanes:
       for prompt, kw in workload(30, seed=5):
         engine.submit(prompt, method=method, **kw)
     engine.run_until_idle()
     engine.submit([5, 6], method="ar")
     engine.submit([7], method="d2f")
+    engine.submit([8, 9, 10], method="fast_dllm")
     engine.step()
     engine.cancel(engine._next_id - 1)
+    engine.cancel(engine._next_id - 2)
     engine.run_until_idle()
   finally:
     jax.monitoring.unregister_event_duration_listener(listen)
@@ -234,7 +266,14 @@ def test_engine_rejects_bad_setup(params):
   with pytest.raises(ValueError, match="exceeds the model window"):
     Engine(params, CFG, methods="ar", options=dict(gen_length=64), max_prompt_len=100)
   with pytest.raises(ValueError, match="cannot be served"):
-    Engine(params, CFG, methods="fast_dllm")
+    Engine(params, CFG, methods="llada")
+  with pytest.raises(ValueError, match="Unknown cache mode"):
+    Engine(params, CFG, methods="fast_dllm", options=dict(gen_length=8, cache="full"))
+  with pytest.raises(ValueError, match="multiple of block_length"):
+    Engine(params, CFG, methods="fast_dllm", options=dict(gen_length=8, block_length=3))
+  with pytest.raises(ValueError, match="no mask_token_id"):
+    Engine(params, CFG.replace(mask_token_id=None), methods="fast_dllm",
+           options=dict(gen_length=8))
   with pytest.raises(ValueError, match="admit_sizes"):
     Engine(params, CFG, methods="ar", options=dict(gen_length=8), slots=4,
            admit_sizes=(2, 8))

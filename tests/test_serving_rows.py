@@ -1,16 +1,18 @@
 """Per-row keys: a sampled row's tokens depend only on its own key, never on the batch.
 
 The reference is each prompt decoded alone (a one-row batch) with its key; the batch mixes
-prompt lengths, so window widths and batch indices differ from the one-row runs.
+prompt lengths, so window widths and batch indices differ from the one-row runs. Fast-dLLM
+runs with its prefix and dual caches (cache "none" in test_serving_engine.py).
 """
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dllm_jax.decoding import ar, base, d2f, sampling
+from dllm_jax.decoding import ar, base, d2f, fast_dllm, sampling
 from dllm_jax.models import get_preset
-from dllm_jax.serving import request_keys
+from dllm_jax.serving import request_keys, rows
 from test_decoding_d2f import peaked_params
 
 CFG = get_preset("tiny")
@@ -22,6 +24,12 @@ METHODS = {
                                    remasking="random", tau_conf=0.5)),
     "block_diffusion": (d2f.block_diffusion_generate,
                         dict(gen_length=12, block_length=4, temperature=0.7)),
+    "fast_dllm_dual": (fast_dllm.fast_dllm_generate,
+                       dict(gen_length=12, block_length=4, temperature=1.0, cache="dual",
+                            threshold=0.7)),
+    "fast_dllm_prefix": (fast_dllm.fast_dllm_generate,
+                         dict(gen_length=12, block_length=4, temperature=1.0, cache="prefix",
+                              rule="factor")),
 }
 
 
@@ -60,3 +68,36 @@ def test_keyed_noise_matches_per_key_draws():
     np.testing.assert_array_equal(noise[i], jax.random.uniform(keys[i], (5,)))
   with pytest.raises(ValueError, match="must lead the noise shape"):
     sampling.keyed_noise(keys, (4, 5), lambda k, s: jax.random.uniform(k, s))
+
+
+@pytest.mark.parametrize("cache", fast_dllm.CACHE_MODES)
+def test_fast_dllm_pad_equals_init_at_the_largest_bucket(params, cache):
+  """Rows built at a small prompt bucket and padded to P are the rows built at P, leaf by
+  leaf (canvas, cache slots in canvas order, cursors, keys); the per-row axis rule holds."""
+  decoder = rows.decoder_for("fast_dllm")
+  static, traced = decoder.split(decoder.make_options(
+      CFG, dict(gen_length=12, block_length=4, cache=cache)))
+  keys = request_keys(SEEDS)
+
+  def init(length):
+    tokens, valid = base.pad_prompts(PROMPTS, base.output_pad_id(CFG), length)
+    return decoder.init(params, CFG, static, traced, tokens, valid, keys)
+
+  small, big = decoder.pad(CFG, static, init(7), 16), init(16)
+  assert small.canvas.shape == (len(PROMPTS), 16 + 12)
+  data = lambda x: jax.random.key_data(x) if jax.dtypes.issubdtype(
+      x.dtype, jax.dtypes.prng_key) else x
+  flat_small, tree = jax.tree_util.tree_flatten_with_path(small)
+  flat_big, tree_big = jax.tree_util.tree_flatten_with_path(big)
+  assert tree == tree_big
+  for (path, a), (_, b) in zip(flat_small, flat_big):
+    assert a.dtype == b.dtype, path
+    np.testing.assert_array_equal(np.asarray(data(a)), np.asarray(data(b)), err_msg=str(path))
+  axes = {jax.tree_util.keystr(p): a for p, a in
+          jax.tree_util.tree_flatten_with_path(decoder.row_axes(big))[0]}
+  for path, leaf in flat_big:
+    name = jax.tree_util.keystr(path)
+    if jnp.ndim(leaf) == 0:
+      assert name not in axes, name  # shared scalars carry no row axis
+    else:
+      assert leaf.shape[axes[name]] == len(PROMPTS), name

@@ -40,7 +40,10 @@ Counts: `DecodeOutput.nfe` (= `steps`) is batched forward calls, one per loop st
 `FastState.forwards` [B] is each row's own forwards, equal to its NFE decoding alone, and
 nfe = max over rows of it. Early stop as in `llada.py`: a row whose answer is final stops
 (no commits, no forwards); that cannot change any output. Random keys fold in the row's own
-forward count and its index, so a row's draws never depend on the other rows.
+forward count and its index, so a row's draws never depend on the other rows; a [B] array of
+keys (one per row, e.g. per request: `serving.request_keys`) gives row b in its i-th forward
+`fold_in(rng[b], i)`, so the row decodes as it would alone with `rng=rng[b:b+1]` (the serving
+engine inserts rows into a running batch this way; every other field is per row).
 
 threshold, factor and temperature are traced (`FastDLLMOptions.split`): sweeping them never
 recompiles. A row whose block logits are ever non-finite is flagged (`DecodeOutput.finite`).
@@ -135,7 +138,8 @@ class FastState:
       batch, whose block advances when every row filled it, would run sum_n max_b of them).
     forward_slots: [] int32 slots the batched forwards carried per row, summed over steps.
     committed: [B] int32 tokens committed; done: [B] bool answer final (row_done).
-    rng: PRNG key; knobs: the traced options; finite: [B] bool logits always finite.
+    rng: PRNG key, or [B] keys (one per row); knobs: the traced options; finite: [B] bool
+      logits always finite.
   """
   canvas: Array
   valid: Array
@@ -296,12 +300,15 @@ def step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> F
     logits, cache, width = _cached_logits(params, cfg, opts, state, live, start)
   finite = state.finite & (sampling.all_finite(logits) | ~live)
   logits = sampling.forbid(logits, (cfg.mask_token_id,))
-  # fold_in(fold_in(rng, own forwards), global row): a row's draws follow its own clock,
-  # and a data-parallel shard's rows keep their whole-batch index (row_offset).
-  rows = jnp.arange(b, dtype=jnp.int32) + jnp.asarray(state.knobs.get("row_offset", 0),
-                                                      jnp.int32)
-  keys = jax.vmap(lambda n, r: jax.random.fold_in(jax.random.fold_in(state.rng, n), r))(
-      state.forwards, rows)
+  if sampling.is_row_keys(state.rng):  # one key per row (serving): fold_in(rng[b], forwards)
+    keys = sampling.row_step_keys(state.rng, state.forwards)
+  else:
+    # fold_in(fold_in(rng, own forwards), global row): a row's draws follow its own clock,
+    # and a data-parallel shard's rows keep their whole-batch index (row_offset).
+    rows = jnp.arange(b, dtype=jnp.int32) + jnp.asarray(state.knobs.get("row_offset", 0),
+                                                        jnp.int32)
+    keys = jax.vmap(lambda n, r: jax.random.fold_in(jax.random.fold_in(state.rng, n), r))(
+        state.forwards, rows)
   temperature = state.knobs["temperature"]
   x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys)
   conf = sampling.confidence(logits, x0, "probability")
@@ -375,7 +382,8 @@ def fast_dllm_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=Non
     params: model parameters (a bidirectional masked-diffusion LM).
     cfg: the model config (needs mask_token_id).
     prompt_tokens: [B, P] int left-padded prompts; prompt_valid: [B, P] bool (None: all real).
-    rng: PRNG key for temperature > 0 (default key 0).
+    rng: PRNG key for temperature > 0 (default key 0), or [B] keys, one per row (each row
+      then draws from its own key only; module docstring).
     on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
       "flag" (return them with `finite` False, lengths 0).
     **options: fields of `FastDLLMOptions` (unknown names raise ValueError).

@@ -28,7 +28,7 @@ static shapes (every cursor per row; `rows.py`). `step()` runs every lane once:
 Slots, admit sizes and prompt buckets are static, so after `warmup()` serving never
 compiles again. A row's randomness comes from its request's seed only (per-row keys:
 `rows.request_keys`), so its output equals decoding its prompt alone with the same method,
-options and seed (`ar_generate` / `d2f_generate` with `rng=request_keys([seed])`), whatever
+options and seed (`generate(..., method=m, rng=request_keys([seed]))`), whatever
 shares the batch and whatever order requests finish in.
 
 Bad requests are answered at submission with a named `RequestError` and never reach a slot.
@@ -312,7 +312,7 @@ class Engine:
     params: model parameters.
     cfg: the model config.
     methods: a method name, or {method: options} for several lanes (each with `slots`
-      slots). Served: `rows.DECODERS` ("ar", "d2f", "block_diffusion").
+      slots). Served: `rows.DECODERS` ("ar", "d2f", "block_diffusion", "fast_dllm").
     options: the options of a single `methods` name (e.g. gen_length, block_length, tau_*).
     slots: B, rows decoded together per lane.
     max_prompt_len: longest prompt accepted (the largest prompt bucket).

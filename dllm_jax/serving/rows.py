@@ -3,9 +3,10 @@
 Shape legend: B slots (the engine's batch), A admitted rows, P the largest prompt bucket,
 p this admission's bucket, G gen_length, L layers, K kv heads, Dh head dim.
 
-A decoder module (`decoding/ar.py`, `decoding/d2f.py`) keeps every cursor per row and, given
-per-row keys, draws a row's noise from its own key only; so a batch row can be replaced by a
-fresh one while the others keep their state. A `RowDecoder` adapts a module to the engine:
+A decoder module (`decoding/ar.py`, `decoding/d2f.py`, `decoding/fast_dllm.py`) keeps every
+cursor per row and, given per-row keys, draws a row's noise from its own key only; so a batch
+row can be replaced by a fresh one while the others keep their state. A `RowDecoder` adapts a
+module to the engine:
 
   make_options(cfg, options) -> opts           checked options (ValueError naming the fix)
   split(opts) -> (static, traced)               jit-static part, traced knobs
@@ -25,10 +26,20 @@ row on axis 0, except the K/V cache's k and v ([L, B, S, K, Dh]) on axis 1; scal
 counters, traced knobs) are shared and kept. A decoder whose state breaks that rule overrides
 `row_axes`.
 
-Extension point: Fast-dLLM decodes with one block cursor for the whole batch today
-(`decoding/fast_dllm.py`), so a row cannot join mid-block; once its cursors are per row it
-plugs in as one more `RowDecoder` registered in `DECODERS` (`register`), with no change to
-the engine.
+Registered (`DECODERS`; `register` adds one, with no change to the engine):
+  ar               `ARRows`: prefill admits a row; its cache is position-ordered, so `pad`
+                   appends empty slots.
+  d2f, block_diffusion
+                   `D2FRows`: the first forward (prompt + block 0) admits a row; `pad`
+                   left-pads the kept prompt and appends empty cache slots.
+  fast_dllm        `FastDLLMRows`: rules threshold / factor, cache none / prefix / dual
+                   (threshold, factor, temperature traced). A row joins with its all-masked
+                   canvas [A, p + G] and no forward yet (its first step refreshes its block-0
+                   cache); its cache holds the canvas slots in canvas order, so `pad`
+                   prepends padding slots to canvas and cache (the state then equals one
+                   built at P). Its static part (`FastStatic`) carries the [MASK] id by which
+                   `progress` reads decided slots. Its state keeps the axis rule.
+Llada and Dream share one step schedule across the batch (`NOT_PER_ROW`): not served.
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import ar, base, d2f
+from dllm_jax.decoding import ar, base, d2f, fast_dllm
 from dllm_jax.models import masks
 from dllm_jax.models.config import ModelConfig
 
@@ -167,6 +178,79 @@ class D2FRows(RowDecoder):
             state.forwards)
 
 
+@dataclasses.dataclass(frozen=True)
+class FastStatic:
+  """Fast-dLLM's jit-static part in the engine: the static options and the model's [MASK]
+  id, by which `progress` tells decided response slots (the options do not hold it)."""
+  opts: fast_dllm.FastDLLMOptions
+  mask_id: int
+
+  @property
+  def gen_length(self) -> int:
+    return self.opts.gen_length
+
+  @property
+  def block_size(self) -> int:
+    """The block the engine's window check rounds gen_length to."""
+    return self.opts.block_length
+
+
+class FastDLLMRows(RowDecoder):
+  """Fast-dLLM rows (rule threshold / factor, cache none / prefix / dual): a row joins with
+  its all-masked canvas and no forward yet (its first step is its block-0 refresh)."""
+
+  def __init__(self):
+    super().__init__(method="fast_dllm", needs_mask=True)
+
+  def make_options(self, cfg: ModelConfig, options: dict):
+    if cfg.mask_token_id is None:
+      raise ValueError(f"model config {cfg.name!r} has no mask_token_id; Fast-dLLM needs one "
+                       "(serve a masked-diffusion model).")
+    return FastStatic(base.make_options(fast_dllm.FastDLLMOptions, options), cfg.mask_token_id)
+
+  def split(self, opts: FastStatic):
+    static, traced = opts.opts.split()
+    return FastStatic(static, opts.mask_id), traced
+
+  def gen_length(self, static) -> int:
+    return static.gen_length
+
+  def check(self, cfg, tokens, valid, opts):
+    fast_dllm.check(cfg, tokens, valid, opts.opts)
+
+  def init(self, params, cfg, static, traced, tokens, valid, keys, mesh=None, rules=None):
+    return fast_dllm.init_state(params, cfg, static.opts, tokens, valid, keys, traced)
+
+  def pad(self, cfg, static, state, prompt_len: int):
+    # The canvas is prompt + G and the cache holds its slots in canvas order, so padding the
+    # prompt prepends slots to both: a padding token (invalid, position 0, as init_canvas
+    # writes it) and an empty cache slot. No forward ran yet, so cache lengths are 0 either way.
+    extra = prompt_len - (state.canvas.shape[1] - static.gen_length)
+    state = state.replace(canvas=_pad_axis(state.canvas, 1, extra, 0, base.output_pad_id(cfg)),
+                          valid=_pad_axis(state.valid, 1, extra, 0, False),
+                          positions=_pad_axis(state.positions, 1, extra, 0, 0))
+    if state.cache is not None:
+      cache = state.cache
+      state = state.replace(cache=cache.replace(
+          k=_pad_axis(cache.k, 2, extra, 0, 0), v=_pad_axis(cache.v, 2, extra, 0, 0),
+          block_ids=_pad_axis(cache.block_ids, 1, extra, 0, masks.NO_KEY)))
+    return state
+
+  def step(self, params, cfg, static, state, mesh=None, rules=None):
+    new = fast_dllm.step(params, cfg, static.opts, state)
+    # `done` stays set: a row the engine retired (done set by the host) must not run on.
+    # Decoding alone it never unsets (a final answer stays final), so outputs are unchanged.
+    return new.replace(done=new.done | state.done)
+
+  def with_traced(self, state, traced):
+    return state.replace(knobs=traced)
+
+  def progress(self, static, state):
+    response = state.canvas[:, -static.gen_length:]
+    return (response, _leading_true(response != static.mask_id), state.done, state.finite,
+            state.forwards)
+
+
 DECODERS: dict[str, RowDecoder] = {}
 
 
@@ -175,13 +259,11 @@ def register(decoder: RowDecoder) -> None:
   DECODERS[decoder.method] = decoder
 
 
-for _decoder in (ARRows(), D2FRows("d2f"), D2FRows("block_diffusion")):
+for _decoder in (ARRows(), D2FRows("d2f"), D2FRows("block_diffusion"), FastDLLMRows()):
   register(_decoder)
 
 # Methods `generate` knows but the engine cannot serve yet, and why.
 NOT_PER_ROW = {
-    "fast_dllm": "its block cursor is shared by the whole batch (decoding/fast_dllm.py); a "
-                 "per-row Fast-dLLM registers a RowDecoder in dllm_jax.serving.rows",
     "llada": "its step schedule is shared by the whole batch",
     "dream": "its step schedule is shared by the whole batch",
 }

@@ -26,12 +26,13 @@ import numpy as np
 
 from dllm_jax.data import tasks as tasks_lib
 from dllm_jax.data.tokenizers import CharTokenizer
-from dllm_jax.decoding import ar, base, d2f
+from dllm_jax.decoding import ar, base, d2f, fast_dllm
 from dllm_jax.models import get_preset, init_params
 from dllm_jax.serving import Engine, Result, metrics, request_keys
 
 GENERATE = {"ar": ar.ar_generate, "d2f": d2f.d2f_generate,
-            "block_diffusion": d2f.block_diffusion_generate}
+            "block_diffusion": d2f.block_diffusion_generate,
+            "fast_dllm": fast_dllm.fast_dllm_generate}
 
 
 def build_model(config):
