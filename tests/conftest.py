@@ -16,6 +16,51 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# Files that take minutes, started first so that pytest-xdist's two workers (setup.cfg's
+# addopts, `--dist loadfile`) finish together instead of one running the last long file alone.
+LONG_FILES = (
+    "test_notebooks.py", "test_serving_engine.py", "test_readme.py", "test_decoding_contract.py",
+    "test_decoding_d2f.py", "test_decoding_multidevice.py", "test_demo.py", "test_sampler.py",
+    "test_decoding_data_parallel.py", "test_serving_rows.py", "test_study.py",
+    "test_decoding_multihost.py", "test_decoding_buckets.py", "test_decoding_d2f_window.py",
+    "test_models.py", "test_decoding_speculative.py")
+
+
+def pytest_configure(config):
+  """One persistent XLA compilation cache for the whole run (the xdist workers and every
+  subprocess a test starts inherit the variable): a program compiled by one worker, module
+  or subprocess is loaded, not compiled again, by the others. Timed notebook runs and tests
+  that count compiles opt out (`no_compile_cache`)."""
+  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import tempfile
+    config._dllm_jax_cache_dir = tempfile.mkdtemp(prefix="dllm_jax_xla_cache_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = config._dllm_jax_cache_dir
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+
+def pytest_unconfigure(config):
+  made = getattr(config, "_dllm_jax_cache_dir", None)
+  if made:  # the process that made the cache (the xdist controller) removes it
+    import shutil
+    shutil.rmtree(made, ignore_errors=True)
+    os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+
+
+def pytest_collection_modifyitems(config, items):
+  rank = {name: i for i, name in enumerate(LONG_FILES)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable otherwise
+
+
+@pytest.fixture
+def no_compile_cache():
+  """Turns the persistent compilation cache off for one test (a load from it is not a
+  backend compile, so a test counting compiles would miss a recompile served from disk)."""
+  import jax
+  saved = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  yield
+  jax.config.update("jax_enable_compilation_cache", saved)
+
 
 def run_python(code: str, devices: int = 8, timeout: float = 600.0) -> str:
   """Runs `code` with `devices` fake CPU devices; returns stdout, raises with stderr."""

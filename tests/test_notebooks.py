@@ -55,6 +55,8 @@ def inject_parameters(nb, overrides: dict) -> dict:
 def kernel_env() -> dict:
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
   env.pop("XLA_FLAGS", None)  # the notebooks set their own device count
+  for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
+    env.pop(name, None)  # compiled from scratch, as on a user's runtime (the time is checked)
   env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
   env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
   return env
