@@ -46,6 +46,10 @@ from dllm_jax.training import checkpoint as ckpt_lib
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+# The README's commands and python blocks run with the session's persistent compilation cache
+# (run_shell, test_python_block_runs): a program that another module compiled into it, e.g.
+# the demo's d2f decode in test_demo.py, loads instead of compiling again.
+pytestmark = pytest.mark.usefixtures("compile_cache")
 
 # ---------------------------------------------------------------------------------- parsing
 
