@@ -15,6 +15,9 @@ from dllm_jax.training import trainer
 from _jax_cache_env import compilation_cache_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Programs compiled here go to the session's persistent compilation cache, which the
+# fresh-process CLI test passes on: its d2f decode loads instead of compiling again.
+pytestmark = pytest.mark.usefixtures("compile_cache")
 
 
 def _held_out(n=48, seed=7):
@@ -60,7 +63,7 @@ def test_cli_demo_prints_the_answer(demo_cache, capsys):
 
 @pytest.mark.slow
 def test_cli_demo_in_a_fresh_process(demo_cache):
-  # The session's persistent compilation cache, if any: the decode compiled in-process by
+  # The persistent compilation cache (pytestmark): the decode compiled in-process by
   # test_cli_demo_prints_the_answer loads from disk instead of compiling again.
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, **compilation_cache_env())
   proc = subprocess.run([sys.executable, "-m", "dllm_jax.generate", "--model", "demo",
