@@ -18,8 +18,12 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from dllm_jax import checkpoints, decoding, generate
 from dllm_jax.checkpoints import testing as ckt
 from dllm_jax.sampler import Sampler
+from _jax_cache_env import compilation_cache_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Programs compiled here go to the session's persistent compilation cache, which
+# test_experiments_script_is_the_cli passes on to the script it starts.
+pytestmark = pytest.mark.usefixtures("compile_cache")
 
 SPECIALS = ["<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>", "<|start_header_id|>",
             "<|end_header_id|>"]
@@ -189,13 +193,15 @@ def test_workdir_decodes_with_its_layout(trained_run, capsys):
 @pytest.mark.slow
 def test_experiments_script_is_the_cli(trained_run):
   """experiments/generate.py --workdir RUN runs the same CLI (it crashed before)."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+  # The reference first: with the persistent compilation cache (pytestmark) passed on, the
+  # script loads this decode program instead of compiling it again.
+  expected = Sampler.load(trained_run, "llada").sample(["12+34="])
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, **compilation_cache_env())
   proc = subprocess.run([sys.executable, "experiments/generate.py", "--workdir",
                          str(trained_run), "--method", "llada", "--prompt", "12+34=", "--json"],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   report = json.loads(proc.stdout.strip().splitlines()[-1])
-  expected = Sampler.load(trained_run, "llada").sample(["12+34="])
   assert report["answers"] == expected
   bad = subprocess.run([sys.executable, "experiments/generate.py", "--workdir",
                         str(trained_run), "--mesh", "{", "--prompt", "x"], cwd=REPO, env=env,

@@ -41,10 +41,15 @@ from pathlib import Path
 import pytest
 
 import tiny_llada
+from _jax_cache_env import compilation_cache_env
 from dllm_jax.training import checkpoint as ckpt_lib
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+# The README's commands and python blocks run with the session's persistent compilation cache
+# (run_shell, test_python_block_runs): a program that another module compiled into it, e.g.
+# the demo's d2f decode in test_demo.py, loads instead of compiling again.
+pytestmark = pytest.mark.usefixtures("compile_cache")
 
 # ---------------------------------------------------------------------------------- parsing
 
@@ -228,7 +233,8 @@ def run_shell(command: str, *, devices: int = 1, timeout: float = 900.0, cwd=REP
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
              PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")]
                                                       if p]),
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             **compilation_cache_env())  # the session's compiled programs, if it keeps them
   env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
   proc = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
                         text=True, timeout=timeout)
@@ -365,7 +371,9 @@ def test_every_block_and_command_has_a_rule():
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(sum(b.lang == "python"
                                             for b in fenced_blocks(README.read_text()))))
-def test_python_block_runs(index, tmp_path, run_devices, demo_cache):
+def test_python_block_runs(index, tmp_path, run_devices, demo_cache, monkeypatch):
+  for name, value in compilation_cache_env().items():  # the session's compiled programs
+    monkeypatch.setenv(name, value)
   block = [b for b in fenced_blocks(readme()) if b.lang == "python"][index]
   code = Workspace(tmp_path).substitute(block.text)
   run_devices(code, devices=8)
