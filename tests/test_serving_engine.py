@@ -1,19 +1,24 @@
 """The continuous-batching engine: every request's output equals its prompt decoded alone.
 
 References: each prompt's one-prompt decode with the same method, options and seed
-(`generate(..., method=m, rng=request_keys([seed]))`), cut before the request's stop ids and
-at max_new_tokens. Lanes are named by method, or `fast_dllm_<cache>` for Fast-dLLM's cache
-modes (each mode with one rule: dual threshold, prefix factor, none threshold). A
-batched decode with per-row keys gives every row its one-prompt result
-(test_serving_rows.py); `_alone` checks that again on a sample of true one-prompt runs and
-uses the batch for the rest, which keeps these tests fast.
+(`generate([prompt], method=m, rng=request_keys([seed]))`), cut before the request's stop ids
+and at max_new_tokens. Lanes are named by method, or `fast_dllm_<cache>` for Fast-dLLM's cache
+modes (each mode with one rule: dual threshold, prefix factor, none threshold).
+
+Compile budget (most of these tests' time is XLA compilation): `generate` pads every prompt
+to its 16-token bucket, so all one-prompt references of a lane share one program (executing
+it takes milliseconds); the engine's jitted functions are keyed by shapes and static options
+only (temperature, thresholds are traced), so every engine below is one of two shapes that
+the tests share: 8 slots with buckets (8, 16) and the default admit sizes, or `SMALL` (3
+slots, one step per run, bucket 16, admit size 3). `test_no_recompiles_after_warmup` keeps a
+shape of its own (4 slots), so programs compiled by other tests cannot hide a gap in warmup.
 """
 
 import jax
 import numpy as np
 import pytest
 
-from dllm_jax.decoding import ar, base, d2f, fast_dllm, generate
+from dllm_jax.decoding import generate
 from dllm_jax.models import get_preset
 from dllm_jax.serving import (BadOptionError, CancelledError, Engine, InvalidPromptError,
                               MaskInPromptError, PromptTooLongError, Result, StreamUpdate,
@@ -22,16 +27,13 @@ from test_decoding_d2f import peaked_params
 
 CFG = get_preset("tiny")
 G = 12
-METHODS = {
-    "ar": (ar.ar_generate, dict(gen_length=G)),
-    "d2f": (d2f.d2f_generate, dict(gen_length=G, block_length=4, tau_conf=0.5)),
-    "block_diffusion": (d2f.block_diffusion_generate, dict(gen_length=G, block_length=4)),
-    "fast_dllm_dual": (fast_dllm.fast_dllm_generate,
-                       dict(gen_length=G, block_length=4, cache="dual", threshold=0.5)),
-    "fast_dllm_prefix": (fast_dllm.fast_dllm_generate,
-                         dict(gen_length=G, block_length=4, cache="prefix", rule="factor")),
-    "fast_dllm_none": (fast_dllm.fast_dllm_generate,
-                       dict(gen_length=G, block_length=6, cache="none", threshold=0.7)),
+METHODS = {  # lane -> the method's options
+    "ar": dict(gen_length=G),
+    "d2f": dict(gen_length=G, block_length=4, tau_conf=0.5),
+    "block_diffusion": dict(gen_length=G, block_length=4),
+    "fast_dllm_dual": dict(gen_length=G, block_length=4, cache="dual", threshold=0.5),
+    "fast_dllm_prefix": dict(gen_length=G, block_length=4, cache="prefix", rule="factor"),
+    "fast_dllm_none": dict(gen_length=G, block_length=6, cache="none", threshold=0.7),
 }
 SAMPLED = {"ar": dict(temperature=1.0, top_p=0.9), "d2f": dict(temperature=1.0),
            "block_diffusion": dict(temperature=0.8, remasking="random"),
@@ -65,21 +67,14 @@ def workload(n: int, seed: int = 0):
   return out
 
 
-def _alone(params, lane, options, requests, check=4):
+def _alone(params, lane, options, requests):
   """Each request's one-prompt output (tuple of ids), cut like the engine cuts it."""
-  fn, base_opts = METHODS[lane]
-  opts = {**base_opts, **options}
-  prompts = [p for p, _ in requests]
-  seeds = [kw["seed"] for _, kw in requests]
-  tokens, valid = base.pad_prompts(prompts, CFG.pad_token_id)
-  batch = fn(params, CFG, tokens, valid, request_keys(seeds), **opts)
+  opts = {**METHODS[lane], **options}
   refs = []
-  for i, (prompt, kw) in enumerate(requests):
-    row = np.asarray(batch.tokens[i])[:int(batch.lengths[i])].tolist()
-    if i < check:  # true one-prompt runs agree with the batched rows
-      one = generate(params, CFG, [prompt], method=method_of(lane),
-                     rng=request_keys([kw["seed"]]), **opts)
-      assert np.asarray(one.tokens[0])[:int(one.lengths[0])].tolist() == row
+  for prompt, kw in requests:
+    one = generate(params, CFG, [prompt], method=method_of(lane),
+                   rng=request_keys([kw["seed"]]), **opts)
+    row = np.asarray(one.tokens[0])[:int(one.lengths[0])].tolist()
     row = row[:kw.get("max_new_tokens", G)]
     for j, t in enumerate(row):
       if t in kw.get("stop_ids", ()):
@@ -103,17 +98,23 @@ def _serve(engine, method, options, requests, order=None):
   return [by_id[ids[i]] for i in range(len(requests))], events
 
 
-def _engine(params, lane, options, slots=8, **kw):
-  _, base_opts = METHODS[lane]
-  return Engine(params, CFG, methods=method_of(lane), options={**base_opts, **options},
-                slots=slots, max_prompt_len=16, prompt_buckets=(8, 16), **kw)
+# The second engine of `_check_outputs` (and the cancel test's): other slot count, one
+# step per run, one bucket and one admit size (the 8-slot engine covers bucket 8 and the
+# default admit sizes 1, 4, 8), so it compiles two programs per lane instead of five.
+SMALL = dict(slots=3, max_steps_per_run=1, prompt_buckets=(16,), admit_sizes=(3,))
 
 
-def _check_outputs(params, lane, options, n, slots=8):
+def _engine(params, lane, options, **kw):
+  kw = dict(dict(slots=8, prompt_buckets=(8, 16)), **kw)
+  return Engine(params, CFG, methods=method_of(lane), options={**METHODS[lane], **options},
+                max_prompt_len=16, **kw)
+
+
+def _check_outputs(params, lane, options, n):
   requests = workload(n, seed=n)
   refs = _alone(params, lane, options, requests)
   method = method_of(lane)
-  engine = _engine(params, lane, options, slots)
+  engine = _engine(params, lane, options)
   results, events = _serve(engine, method, options, requests)
   assert all(r.ok for r in results)
   assert [r.tokens for r in results] == refs
@@ -127,8 +128,9 @@ def _check_outputs(params, lane, options, n, slots=8):
   assert all(streamed[r.request_id] == (r.tokens, True) for r in results)
   assert all(r.ttft is None or r.ttft <= r.latency for r in results)
   assert all(1 <= r.nfe <= G + 1 for r in results)
-  # Completion order: reversed submission, 3 slots, one step per run -> same outputs.
-  other = _engine(params, lane, options, slots=3, max_steps_per_run=1)
+  # Completion order: reversed submission, 3 slots, one step per run, every prompt padded to
+  # 16 and every admission 3 rows (fillers) -> same outputs.
+  other = _engine(params, lane, options, **SMALL)
   again, _ = _serve(other, method, options, requests, order=range(n - 1, -1, -1))
   assert [r.tokens for r in again] == refs
   return results
@@ -150,14 +152,14 @@ def test_200_requests_equal_alone(params, method, sampled):
 
 
 def test_bad_requests_are_refused_alone(params):
-  fast = METHODS["fast_dllm_dual"][1]
-  engine = Engine(params, CFG, methods={"ar": METHODS["ar"][1], "d2f": METHODS["d2f"][1],
-                                        "fast_dllm": fast},
-                  slots=4, max_prompt_len=8, prompt_buckets=(8,))
+  # The 8-slot engine's shape and options: its programs are the outputs tests' programs.
+  engine = Engine(params, CFG, methods={"ar": METHODS["ar"], "d2f": METHODS["d2f"],
+                                        "fast_dllm": METHODS["fast_dllm_dual"]},
+                  slots=8, max_prompt_len=16, prompt_buckets=(8, 16))
   good = [engine.submit([5, 6, 7], method="d2f", seed=1),
           engine.submit([9], method="ar", seed=2)]
   bad = {
-      engine.submit([5] * 9, method="ar"): PromptTooLongError,
+      engine.submit([5] * 17, method="ar"): PromptTooLongError,
       engine.submit([5, CFG.mask_token_id], method="d2f"): MaskInPromptError,
       engine.submit([5], method="fast_dllm", options=dict(threshold=-1.0)): BadOptionError,
       engine.submit([5], method="fast_dllm", options=dict(cache="bogus")): BadOptionError,
@@ -195,11 +197,12 @@ def test_bad_requests_are_refused_alone(params):
 
 
 def test_cancel_queued_and_running(params):
-  engine = _engine(params, "ar", {}, slots=2, max_steps_per_run=1)
+  engine = _engine(params, "ar", {}, **SMALL)  # the outputs tests' second engine
   requests = workload(6, seed=3)
   ids = [engine.submit(p, method="ar", **kw) for p, kw in requests]
-  events = engine.step()  # two requests admitted and stepped once
-  running = [i for i in ids[:2] if engine.result(i) is None]
+  events = engine.step()  # three requests admitted and stepped once
+  running = [i for i in ids[:3] if engine.result(i) is None]
+  assert running
   assert engine.cancel(ids[5])  # queued
   for rid in running:
     assert engine.cancel(rid)

@@ -1,8 +1,12 @@
 """Per-row keys: a sampled row's tokens depend only on its own key, never on the batch.
 
 The reference is each prompt decoded alone (a one-row batch) with its key; the batch mixes
-prompt lengths, so window widths and batch indices differ from the one-row runs. Fast-dLLM
-runs with its prefix and dual caches (cache "none" in test_serving_engine.py).
+prompt lengths, so left padding, window widths and batch indices differ from the one-row
+runs. Fast-dLLM runs with each cache mode (none, prefix, dual); AR with top-k and with top-p.
+
+Compile budget: a decode compiles once per shape, so the prompts have two lengths (5 and 1:
+two one-row programs, plus the batch's); lanes that differ only in traced knobs (AR's top_k,
+top_p) share their programs.
 """
 
 import jax
@@ -16,10 +20,11 @@ from dllm_jax.serving import request_keys, rows
 from test_decoding_d2f import peaked_params
 
 CFG = get_preset("tiny")
-PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18], [40]]
+PROMPTS = [[5, 6, 7, 8, 9], [10], [12, 13, 14, 15, 16], [40]]
 SEEDS = [7, 3, 7, 11]  # a repeated seed on different prompts
 METHODS = {
     "ar": (ar.ar_generate, dict(gen_length=12, temperature=1.0, top_k=20)),
+    "ar_top_p": (ar.ar_generate, dict(gen_length=12, temperature=1.0, top_p=0.9)),
     "d2f": (d2f.d2f_generate, dict(gen_length=12, block_length=4, temperature=1.0,
                                    remasking="random", tau_conf=0.5)),
     "block_diffusion": (d2f.block_diffusion_generate,
@@ -30,6 +35,9 @@ METHODS = {
     "fast_dllm_prefix": (fast_dllm.fast_dllm_generate,
                          dict(gen_length=12, block_length=4, temperature=1.0, cache="prefix",
                               rule="factor")),
+    "fast_dllm_none": (fast_dllm.fast_dllm_generate,
+                       dict(gen_length=12, block_length=6, temperature=1.0, cache="none",
+                            threshold=0.7)),
 }
 
 
