@@ -114,7 +114,8 @@ def tiny_config():
 
 @pytest.fixture(scope="session")
 def _compile_cache_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("xla_cache"))
+  """The run's persistent cache (pytest_configure) when there is one, else a fresh one."""
+  return os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(tmp_path_factory.mktemp("xla_cache"))
 
 
 @pytest.fixture(scope="module")

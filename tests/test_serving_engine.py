@@ -219,7 +219,7 @@ def test_cancel_queued_and_running(params):
       assert result.ok and result.tokens == ref
 
 
-def test_no_recompiles_after_warmup(params):
+def test_no_recompiles_after_warmup(params, no_compile_cache):
   from jax._src import dispatch
   lanes = ("ar", "d2f", "fast_dllm")
   engine = Engine(params, CFG, methods={"ar": dict(gen_length=G, temperature=1.0),
