@@ -28,6 +28,13 @@ def batch():
   return base.pad_prompts(PROMPTS, 0)
 
 
+@pytest.fixture(scope="module")
+def llada_answer(model, batch):
+  """LLaDA's one-token-per-step answer (the NumPy-driven reference), computed once."""
+  cfg, params = model
+  return reference(cfg, params, *batch, steps=G, block_length=BL)
+
+
 def _rms(x, scale, eps):
   return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * scale
 
@@ -148,9 +155,9 @@ def test_steps_match_numpy_reference(model, batch, cache, rule, value, shift):
   assert not np.any(np.asarray(state.canvas)[:, p:] == cfg.mask_token_id)
 
 
-def test_threshold_above_one_is_llada_one_token_per_step(model, batch):
+def test_threshold_above_one_is_llada_one_token_per_step(model, batch, llada_answer):
   cfg, params = model
-  ref = reference(cfg, params, *batch, steps=G, block_length=BL)
+  ref = llada_answer
   for cache in fast_dllm.CACHE_MODES:
     out = fast_dllm.fast_dllm_generate(params, cfg, *batch, gen_length=G, block_length=BL,
                                        threshold=1.5, cache=cache)
@@ -173,9 +180,9 @@ def test_a_model_that_predicts_mask_cannot_stall(batch):
   np.testing.assert_array_equal(out.lengths, [G] * len(PROMPTS))
 
 
-def test_early_stop_keeps_tokens(model, batch):
+def test_early_stop_keeps_tokens(model, batch, llada_answer):
   cfg, params = model
-  ref = reference(cfg, params, *batch, steps=G, block_length=BL)
+  ref = llada_answer
   eos_cfg = cfg.replace(eos_token_id=int(ref[0, 1]))
   kw = dict(gen_length=G, block_length=BL, threshold=0.5, cache="prefix")
   full = fast_dllm.fast_dllm_generate(params, eos_cfg, *batch, early_stop=False, **kw)
