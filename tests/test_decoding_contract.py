@@ -200,7 +200,9 @@ def test_sweeping_traced_options_compiles_once(model, name):
 def test_traced_temperature_zero_is_exactly_greedy(model):
   """At a traced temperature of 0 every method's first choice is the logits' argmax."""
   cfg, params = model
-  out = api.generate(params, cfg, PROMPTS, method="ar", gen_length=1, temperature=0.0)
+  # RUNS["ar"]'s gen_length: the program the streaming test compiled (temperature is traced).
+  out = api.generate(params, cfg, PROMPTS, method="ar", gen_length=RUNS["ar"]["gen_length"],
+                     temperature=0.0)
   tokens, valid = base.pad_prompts(PROMPTS, 0)
   from dllm_jax.models import forward, masks
   pos = masks.left_pad_positions(valid)
