@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dllm_jax import decoding
-from dllm_jax.decoding import api, ar, base, llada, streaming
+from dllm_jax.decoding import api, ar, base, buckets, llada, streaming
 from dllm_jax.models import get_preset
 from dllm_jax.parallel import mesh as mesh_lib
 from test_decoding_llada import PROMPTS, random_params
@@ -24,15 +24,19 @@ def model():
 def test_generate_dispatches_to_the_decoders(model):
   cfg, params = model
   batch = base.pad_prompts(PROMPTS, 0)
+  # The direct calls get the batch `generate` builds (3 rows -> bucket 4, length 5 -> 16), so
+  # each pair shares one compiled program; bucketed == unbucketed is test_decoding_buckets'.
+  padded = buckets.pad_batch(np.asarray(batch[0]), np.asarray(batch[1]), 16, 4, 0)
   via_api = api.generate(params, cfg, PROMPTS, method="dream", gen_length=G, block_length=8,
                          steps=8)
-  direct = llada.llada_generate(params, cfg, *batch, gen_length=G, block_length=8, steps=8,
+  direct = llada.llada_generate(params, cfg, *padded, gen_length=G, block_length=8, steps=8,
                                 remasking="entropy")
-  np.testing.assert_array_equal(via_api.tokens, direct.tokens)
+  assert via_api.tokens.shape == (3, G)
+  np.testing.assert_array_equal(via_api.tokens, np.asarray(direct.tokens)[:3])
   pair = decoding.generate(params, cfg, (np.asarray(batch[0]), np.asarray(batch[1])),
                            method="ar", gen_length=12)
-  np.testing.assert_array_equal(pair.tokens, ar.ar_generate(params, cfg, *batch,
-                                                            gen_length=12).tokens)
+  np.testing.assert_array_equal(pair.tokens, np.asarray(
+      ar.ar_generate(params, cfg, *padded, gen_length=12).tokens)[:3])
 
 
 @pytest.mark.parametrize("method,options,match", [

@@ -35,8 +35,9 @@ def _apply(params, tokens, ids, **kw):
 _forward = jax.jit(forward, static_argnames=("cfg", "attention", "prompt_len", "block_size"))
 
 
-def _jacobian(params, tokens, ids):
-  """[T, T]: |d logits[0, t] / d input_embedding[0, s]| summed over features and vocab."""
+@jax.jit
+def _jacobian_jit(params, tokens, ids):
+  """[T, T, D] (one module-level jit: the mask tests with [T] block ids share one compile)."""
   embeds = params["embed"]["embedding"][tokens]
 
   def f(x_row0):
@@ -45,8 +46,12 @@ def _jacobian(params, tokens, ids):
                                     input_embeddings=x)
     return logits[0].sum(-1)
 
-  jac = jax.jit(jax.jacrev(f))(embeds[0])  # [T, T, D]
-  return np.abs(np.asarray(jac)).sum(-1)
+  return jax.jacrev(f)(embeds[0])
+
+
+def _jacobian(params, tokens, ids):
+  """[T, T]: |d logits[0, t] / d input_embedding[0, s]| summed over features and vocab."""
+  return np.abs(np.asarray(_jacobian_jit(params, tokens, jnp.asarray(ids, jnp.int32)))).sum(-1)
 
 
 def test_causal_mask_by_gradient(params, tokens):
@@ -173,7 +178,8 @@ def test_lora_zero_init_keeps_base_logits(params, tokens):
   lp = init_params(cfg, jax.random.key(0))
   assert lp["layers"]["attn"]["q"]["lora_a"].shape == (CFG.n_layers, CFG.d_model, 4)
   base = {k: v for k, v in lp.items()}
-  ref = _forward(jax.tree.map(lambda x: x, _strip_lora(lp)), CFG, tokens)
+  # attention named as in the other tests: one jit cache entry for the causal forward
+  ref = _forward(jax.tree.map(lambda x: x, _strip_lora(lp)), CFG, tokens, attention="causal")
   np.testing.assert_allclose(_forward(lp, cfg, tokens), ref, atol=1e-6)
   del base
 
@@ -185,7 +191,7 @@ def _strip_lora(tree):
 
 
 def test_scan_and_unrolled_and_remat_agree(params, tokens):
-  ref = _forward(params, CFG, tokens)
+  ref = _forward(params, CFG, tokens, attention="causal")
   for cfg in (CFG.replace(scan_layers=False), CFG.replace(remat_policy="full")):
     np.testing.assert_allclose(_forward(params, cfg, tokens), ref, atol=1e-6)
   grad = jax.jit(jax.grad(lambda p: _forward(p, CFG.replace(remat_policy="dots"), tokens).sum()))(params)
