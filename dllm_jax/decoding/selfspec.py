@@ -75,18 +75,7 @@ class SelfSpecOptions:
   early_stop: bool = True
 
   def __post_init__(self):
-    if not isinstance(self.gen_length, (int, np.integer)) or self.gen_length <= 0:
-      raise ValueError(f"gen_length must be a positive int, got {self.gen_length!r}.")
-    k = self.draft_length
-    if not isinstance(k, (int, np.integer)) or not 1 <= k <= self.gen_length:
-      raise ValueError(f"draft_length must be an int in [1, gen_length={self.gen_length}], "
-                       f"got {k!r}.")
-    if self.temperature < 0:
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
-    if self.top_k < 0:
-      raise ValueError(f"top_k must be >= 0 (0 keeps all tokens), got {self.top_k}.")
-    if not 0.0 < self.top_p <= 1.0:
-      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+    spec.check_draft_options(self)
 
 
 @flax.struct.dataclass

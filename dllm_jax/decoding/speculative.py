@@ -71,6 +71,23 @@ class VocabMismatchError(ValueError):
   """The drafter and the target do not share a tokenizer (vocabulary or special ids)."""
 
 
+def check_draft_options(opts) -> None:
+  """The checks speculative and self-speculative options share: gen_length, draft_length
+  and the target's sampling (temperature, top_k, top_p); ValueError naming the fix."""
+  if not isinstance(opts.gen_length, (int, np.integer)) or opts.gen_length <= 0:
+    raise ValueError(f"gen_length must be a positive int, got {opts.gen_length!r}.")
+  k = opts.draft_length
+  if not isinstance(k, (int, np.integer)) or not 1 <= k <= opts.gen_length:
+    raise ValueError(f"draft_length must be an int in [1, gen_length={opts.gen_length}], "
+                     f"got {k!r}.")
+  if opts.temperature < 0:
+    raise ValueError(f"temperature must be >= 0, got {opts.temperature}.")
+  if opts.top_k < 0:
+    raise ValueError(f"top_k must be >= 0 (0 keeps all tokens), got {opts.top_k}.")
+  if not 0.0 < opts.top_p <= 1.0:
+    raise ValueError(f"top_p must be in (0, 1], got {opts.top_p}.")
+
+
 @dataclasses.dataclass(frozen=True)
 class SpecOptions:
   """Static options (hashable: a jit static argument).
@@ -94,26 +111,16 @@ class SpecOptions:
   early_stop: bool = True
 
   def __post_init__(self):
-    if not isinstance(self.gen_length, (int, np.integer)) or self.gen_length <= 0:
-      raise ValueError(f"gen_length must be a positive int, got {self.gen_length!r}.")
+    check_draft_options(self)
     if self.drafter not in DRAFTERS:
       raise ValueError(f"Unknown drafter {self.drafter!r}; use one of {DRAFTERS}.")
     k = self.draft_length
-    if not isinstance(k, (int, np.integer)) or not 1 <= k <= self.gen_length:
-      raise ValueError(f"draft_length must be an int in [1, gen_length={self.gen_length}], "
-                       f"got {k!r}.")
     if self.drafter == "ar" and self.draft_steps:
       raise ValueError("draft_steps applies to diffusion drafters only; an AR drafter "
                        "always spends draft_length forwards. Leave draft_steps=0.")
     if not 0 <= self.draft_steps <= k:
       raise ValueError(f"draft_steps={self.draft_steps} must lie in [1, draft_length={k}] "
                        "(or 0 for the drafter's default).")
-    if self.temperature < 0:
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
-    if self.top_k < 0:
-      raise ValueError(f"top_k must be >= 0 (0 keeps all tokens), got {self.top_k}.")
-    if not 0.0 < self.top_p <= 1.0:
-      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
 
   @property
   def steps(self) -> int:
