@@ -11,14 +11,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 import pytest
-import tokenizers
-from pydoc_data import topics
-from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from dllm_jax import checkpoints, decoding, generate
 from dllm_jax.checkpoints import testing as ckt
 from dllm_jax.sampler import Sampler
 from _jax_cache_env import compilation_cache_env
+import tiny_llada
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Programs compiled here go to the session's persistent compilation cache, which
@@ -37,13 +35,7 @@ TEMPLATE = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_head
 def llada_dir(tmp_path_factory):
   """A tiny LLaDA checkpoint with a BPE tokenizer, chat template and a PEFT adapter."""
   path = tmp_path_factory.mktemp("llada")
-  backend = tokenizers.Tokenizer(models.BPE())
-  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  backend.decoder = decoders.ByteLevel()
-  backend.train_from_iterator(
-      list(topics.topics.values())[:20],
-      trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
-                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  backend = tiny_llada.train_bpe(SPECIALS)
   backend.save(str(path / "tokenizer.json"))
   (path / "tokenizer_config.json").write_text(json.dumps({
       "eos_token": "<|endoftext|>", "mask_token": "<|mdm_mask|>", "chat_template": TEMPLATE}))

@@ -35,17 +35,24 @@ HEADS, D_MODEL, LAYERS, MLP = 8, 64, 2, 128
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "attn_out")
 
 
-def write_llada_instruct(model_dir, *, seed: int = 0) -> Path:
-  """Writes the tiny LLaDA-Instruct checkpoint (weights, config, tokenizer) into model_dir."""
-  model_dir = Path(model_dir)
-  model_dir.mkdir(parents=True, exist_ok=True)
+def train_bpe(specials) -> tokenizers.Tokenizer:
+  """A byte-level BPE tokenizer (300 ids, `specials` first) trained on Python's help topics:
+  deterministic, offline, seconds."""
   backend = tokenizers.Tokenizer(models.BPE())
   backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   backend.decoder = decoders.ByteLevel()
   backend.train_from_iterator(
       list(topics.topics.values())[:20],
-      trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
+      trainers.BpeTrainer(vocab_size=300, special_tokens=list(specials),
                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  return backend
+
+
+def write_llada_instruct(model_dir, *, seed: int = 0) -> Path:
+  """Writes the tiny LLaDA-Instruct checkpoint (weights, config, tokenizer) into model_dir."""
+  model_dir = Path(model_dir)
+  model_dir.mkdir(parents=True, exist_ok=True)
+  backend = train_bpe(SPECIALS)
   backend.save(str(model_dir / "tokenizer.json"))
   (model_dir / "tokenizer_config.json").write_text(json.dumps({
       "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>",
