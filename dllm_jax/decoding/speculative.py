@@ -5,7 +5,7 @@ D model width.
 
 Each round (one iteration of one jitted `lax.while_loop`, every row its own cursor `n`):
 
-  1. The drafter proposes k tokens after the accepted prefix:
+  1. The drafter proposes k tokens after the accepted prefix (`decoding.drafters`):
      - "ar": a small causal LM, k cached one-token forwards (its first forward also feeds the
        last accepted token, and the one before it when the previous round accepted all k);
      - "d2f" / "block_diffusion": a block-causal diffusion LM (mask id required) forwards the
@@ -57,6 +57,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from dllm_jax.decoding import base
+# The distributions are re-exported: `speculative.greedy` / `.probabilities` are public.
+from dllm_jax.decoding.drafters import (ar_draft, diffusion_draft, greedy, probabilities,
+                                       unshifted)
 from dllm_jax.models import kv_cache as kvc
 from dllm_jax.models import masks
 from dllm_jax.models.config import ModelConfig
@@ -64,7 +67,6 @@ from dllm_jax.models.transformer import Transformer, project
 
 Array = jnp.ndarray
 DRAFTERS = ("ar", "d2f", "block_diffusion")
-NEG_INF = -jnp.inf
 
 
 class VocabMismatchError(ValueError):
@@ -168,38 +170,6 @@ class SpecState:
 
 # ----------------------------------------------------------------------------- acceptance
 
-def _filtered(logits: Array, temperature: float, top_k: int, top_p: float,
-              forbid_ids) -> Array:
-  """Logits of the distribution `ar_generate` samples ([..., V]); greedy: the argmax's."""
-  ids = [i for i in forbid_ids if i is not None]
-  if ids:
-    logits = logits.at[..., jnp.asarray(sorted(set(ids)))].set(NEG_INF)
-  if temperature == 0.0:
-    return logits
-  if top_k and top_k < logits.shape[-1]:
-    kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
-    logits = jnp.where(logits < kth, NEG_INF, logits)
-  if top_p < 1.0:
-    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
-    probs = jax.nn.softmax(sorted_logits, axis=-1)
-    cutoff_idx = jnp.sum(jnp.cumsum(probs, axis=-1) - probs < top_p, axis=-1, keepdims=True) - 1
-    cutoff = jnp.take_along_axis(sorted_logits, cutoff_idx, axis=-1)
-    logits = jnp.where(logits < cutoff, NEG_INF, logits)
-  return logits / temperature
-
-
-def probabilities(logits: Array, temperature: float, top_k: int = 0, top_p: float = 1.0,
-                  forbid_ids=()) -> Array:
-  """[..., V] logits -> the sampling distribution of `ar_generate` (float32, temperature > 0)."""
-  return jax.nn.softmax(_filtered(logits.astype(jnp.float32), temperature, top_k, top_p,
-                                  forbid_ids), axis=-1)
-
-
-def greedy(logits: Array, forbid_ids=()) -> Array:
-  """[..., V] -> [...] argmax with `forbid_ids` excluded (first index on ties, like AR)."""
-  return jnp.argmax(_filtered(logits, 0.0, 0, 1.0, forbid_ids), axis=-1).astype(jnp.int32)
-
-
 def _leading(ok: Array) -> Array:
   """[B, k] bool -> [B] length of the all-True prefix."""
   return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=-1), axis=-1).astype(jnp.int32)
@@ -290,104 +260,6 @@ def check_pair(target_cfg: ModelConfig, drafter_cfg: ModelConfig) -> None:
           f"{getattr(target_cfg, name)}; the two models do not share a tokenizer.")
 
 
-def _unshifted(cfg: ModelConfig) -> ModelConfig:
-  """Causal chunks: the raw output at slot t predicts t + 1 (Dream's shift only re-indexes)."""
-  return cfg.replace(shift_logits=False) if cfg.shift_logits else cfg
-
-
-# ----------------------------------------------------------------------------- drafters
-
-def _ar_draft(dparams, cfg: ModelConfig, opts: SpecOptions, forbid, first_chunk, cache,
-              next_pos, keys):
-  """k drafts from a causal drafter: one forward on `first_chunk`, then k - 1 single tokens.
-
-  first_chunk: (tokens [B, T], positions [B, T], valid [B, T], write_len [B], out_slot [B]):
-  out_slot is the slot whose logits predict draft 1. next_pos [B]: position of draft 1.
-  Returns ([B, k] drafts, [B, k, V] q or None, cache).
-  """
-  model = Transformer(_unshifted(cfg))
-  tokens, positions, valid, write_len, out_slot = first_chunk
-  hidden, cache = model.apply({"params": dparams}, tokens, block_ids=positions,
-                              positions=positions, valid=valid, cache=cache,
-                              write_len=write_len, head=False)
-  logits = project(dparams, cfg, hidden, out_slot[:, None])[:, 0]
-
-  def choose(logits, i):
-    if opts.temperature == 0.0:
-      return greedy(logits, forbid), None
-    q = probabilities(logits, opts.temperature, opts.top_k, opts.top_p, forbid)
-    d = jax.vmap(lambda kk, qq: jax.random.categorical(jax.random.fold_in(kk, i), jnp.log(qq)))(
-        keys, q).astype(jnp.int32)
-    return d, q
-
-  first, q0 = choose(logits, 0)
-
-  def one(carry, i):
-    cache, token = carry
-    pos = (next_pos + i - 1)[:, None]
-    lg, cache = model.apply({"params": dparams}, token[:, None], block_ids=pos, positions=pos,
-                            cache=cache, write_len=1)
-    d, q = choose(lg[:, 0], i)
-    return (cache, d), (d, q)
-
-  if opts.draft_length == 1:
-    drafts, qs = first[:, None], (None if q0 is None else q0[:, None])
-    return drafts, qs, cache
-  (cache, _), (rest, rest_q) = jax.lax.scan(one, (cache, first),
-                                            jnp.arange(1, opts.draft_length))
-  drafts = jnp.concatenate([first[:, None], rest.T], axis=1)
-  qs = None if q0 is None else jnp.concatenate([q0[:, None], rest_q.transpose(1, 0, 2)], 1)
-  return drafts, qs, cache
-
-
-def _diffusion_draft(dparams, cfg: ModelConfig, opts: SpecOptions, forbid, context, cache,
-                     block_id, block_pos):
-  """k drafts from a block-causal diffusion drafter in `opts.steps` forwards.
-
-  context: (tokens [B, T], ids [B, T], positions [B, T], valid [B, T], write_len [B],
-  last_slot [B]) clean tokens forwarded (and written) in front of the block; last_slot is the
-  last valid one (shifted-logits models read the prediction for block slot 0 there).
-  block_id [B]: the block's shared id; block_pos [B]: position of block slot 0.
-  Returns ([B, k] drafts, cache with the context written).
-  """
-  k, steps, mask_id = opts.draft_length, opts.steps, cfg.mask_token_id
-  tokens, ids, positions, valid, write_len, last_slot = context
-  t = tokens.shape[1]
-  b = tokens.shape[0]
-  bids = jnp.broadcast_to(block_id[:, None], (b, k)).astype(jnp.int32)
-  bpos = block_pos[:, None] + jnp.arange(k, dtype=jnp.int32)[None]
-  model = Transformer(cfg)
-  hidden, cache = model.apply(
-      {"params": dparams}, jnp.concatenate([tokens, jnp.full((b, k), mask_id, jnp.int32)], 1),
-      block_ids=jnp.concatenate([ids, bids], 1), positions=jnp.concatenate([positions, bpos], 1),
-      valid=jnp.concatenate([valid, jnp.ones((b, k), bool)], 1), cache=cache,
-      write_len=write_len, head=False)
-  before = hidden[jnp.arange(b), last_slot][:, None]                        # [B, 1, D]
-
-  def block_logits(block_hidden):  # [B, k, D] -> [B, k, V]: the prediction for each slot
-    if cfg.shift_logits:
-      block_hidden = jnp.concatenate([before, block_hidden[:, :-1]], axis=1)
-    return project(dparams, cfg, block_hidden)
-
-  block = jnp.full((b, k), mask_id, jnp.int32)
-  decided = jnp.zeros((b, k), bool)
-  logits = block_logits(hidden[:, t:])
-  for i in range(steps):
-    if i:
-      h = model.apply({"params": dparams}, block, block_ids=bids, positions=bpos, cache=cache,
-                      write_len=0, head=False)[0]
-      logits = block_logits(h)
-    x0 = greedy(logits, forbid)
-    conf = jnp.max(jax.nn.softmax(_filtered(logits, 0.0, 0, 1.0, forbid), -1), -1)
-    count = k // steps + (i < k % steps)
-    score = jnp.where(decided, NEG_INF, conf)
-    ranks = jnp.argsort(jnp.argsort(-score, axis=-1, stable=True), axis=-1)
-    chosen = (ranks < count) & ~decided if i < steps - 1 else ~decided
-    block = jnp.where(chosen, x0, block)
-    decided = decided | chosen
-  return block, cache
-
-
 # ----------------------------------------------------------------------------- the loop
 
 def _forbid(tcfg: ModelConfig, dcfg: ModelConfig):
@@ -399,7 +271,7 @@ def _verify_and_commit(tparams, tcfg, opts, state: SpecState, chunk, out_from, d
   """Target forward on `chunk` (tokens, positions, valid), acceptance, commit, stats."""
   tokens, positions, valid = chunk
   k = opts.draft_length
-  hidden, tcache = Transformer(_unshifted(tcfg)).apply(
+  hidden, tcache = Transformer(unshifted(tcfg)).apply(
       {"params": tparams}, tokens, block_ids=positions, positions=positions, valid=valid,
       cache=tcache, head=False)
   logits = project(tparams, tcfg, hidden[:, out_from:out_from + k + 1])
@@ -424,13 +296,13 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions
   write_p = jnp.full((b,), p, jnp.int32)
   if opts.drafter == "ar":
     first = (prompt, ppos, valid, write_p, jnp.full((b,), p - 1, jnp.int32))
-    drafts, q, dcache = _ar_draft(dparams, dcfg, opts, forbid, first, dcache, prompt_len,
+    drafts, q, dcache = ar_draft(dparams, dcfg, opts, forbid, first, dcache, prompt_len,
                                   row_keys(rng, 0, 0, b))
     d_forwards = k
   else:
     context = (prompt, jnp.zeros_like(prompt), ppos, valid, write_p,
                jnp.full((b,), p - 1, jnp.int32))
-    drafts, dcache = _diffusion_draft(dparams, dcfg, opts, forbid, context, dcache,
+    drafts, _, dcache = diffusion_draft(dparams, dcfg, opts, forbid, context, dcache,
                                       jnp.ones((b,), jnp.int32), prompt_len)
     q, d_forwards = None, opts.steps
   chunk = (jnp.concatenate([prompt, drafts], 1),
@@ -481,7 +353,7 @@ def _step(tparams, dparams, state: SpecState, *, tcfg, dcfg, opts: SpecOptions) 
     valid = jnp.stack([jnp.ones((b,), bool), pend], 1)
     write = 1 + pend.astype(jnp.int32)
     first = (tokens, positions, valid, write, pend.astype(jnp.int32))
-    drafts, q, dcache = _ar_draft(dparams, dcfg, opts, forbid, first, state.dcache,
+    drafts, q, dcache = ar_draft(dparams, dcfg, opts, forbid, first, state.dcache,
                                   last_pos + 1, row_keys(state.rng, state.step, 0, b))
     d_forwards = k
   else:
@@ -492,7 +364,7 @@ def _step(tparams, dparams, state: SpecState, *, tcfg, dcfg, opts: SpecOptions) 
     write = jnp.where(live, state.n - cached, 0)
     context = (take(j), 1 + j, state.prompt_len[:, None] + j, valid, write,
                jnp.maximum(write - 1, 0))
-    drafts, dcache = _diffusion_draft(dparams, dcfg, opts, forbid, context, state.dcache,
+    drafts, _, dcache = diffusion_draft(dparams, dcfg, opts, forbid, context, state.dcache,
                                       1 + state.n, state.prompt_len + state.n)
     q, d_forwards = None, opts.steps
   chunk_pos = last_pos[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
