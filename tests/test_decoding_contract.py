@@ -66,10 +66,11 @@ def test_stream_replays_generate_for_every_method(model, method):
   assert len(events) == int(fused.nfe)
 
 
-# The hybrid decoders (speculative, selfspec) joined after this contract: they do not yet
-# have the step interface streaming needs, an on_nonfinite option or a block length (their
-# block is the draft, `draft_length`). Every other method must meet all of it.
-HYBRIDS = ("speculative", "selfspec")
+# The hybrid decoders (speculative, selfspec, adaptive) joined after this contract: they do
+# not yet have the step interface streaming needs, an on_nonfinite option (adaptive has one)
+# or a block length (their block is the draft, `draft_length`). Every other method must meet
+# all of it.
+HYBRIDS = ("speculative", "selfspec", "adaptive")
 CORE = [m for m in api.METHODS if m not in HYBRIDS]
 
 

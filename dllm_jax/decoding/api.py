@@ -69,6 +69,9 @@ METHODS: dict[str, Method] = {
     # network that verifies causally and drafts by diffusion in the same forward.
     "speculative": Method("dllm_jax.decoding.speculative", "speculative_generate"),
     "selfspec": Method("dllm_jax.decoding.selfspec", "selfspec_generate"),
+    # Per row and round: parallel D2F commits, verified drafts or plain AR (a rule on the
+    # drafter's confidence, the acceptance so far and an optional task tag).
+    "adaptive": Method("dllm_jax.decoding.adaptive", "adaptive_generate"),
 }
 
 
@@ -151,7 +154,8 @@ def generate(params, cfg: ModelConfig, prompts, *, method: str = "llada", rng=No
     params: model parameters.
     cfg: the model config.
     prompts: list of token-id lists (left padded here) or a (tokens, valid) pair.
-    method: one of METHODS: "ar", "llada", "dream", "fast_dllm", "d2f", "block_diffusion".
+    method: one of METHODS: "ar", "llada", "dream", "fast_dllm", "d2f", "block_diffusion",
+      "speculative", "selfspec", "adaptive".
     rng: PRNG key for sampling (default key 0).
     mesh: optional `jax.sharding.Mesh` (see parallel.mesh.make_mesh) to decode on.
     rules: logical-axis rules for the mesh (default parallel.mesh.DEFAULT_RULES).
@@ -181,6 +185,7 @@ def generate(params, cfg: ModelConfig, prompts, *, method: str = "llada", rng=No
   tokens, valid = buckets.pad_batch(tokens, valid, length,
                                     buckets.batch_size(b, batch_buckets, dp),
                                     base.output_pad_id(cfg))
+  options = _pad_row_options(options, b, tokens.shape[0])
   if mesh is None:  # padding rows: the decoder flags, the error below names caller rows
     out = fn(params, cfg, tokens, valid, rng,
              **(options if tokens.shape[0] == b else dict(options, on_nonfinite="flag")))
@@ -221,7 +226,27 @@ def _generate_on_mesh(fn, params, cfg, tokens, valid, rng, mesh, rules, options)
     return fn(params, cfg, tokens, valid, rng, **options)
 
 
+# Options holding one entry per prompt (adaptive's task tags): padded like the prompts.
+ROW_OPTIONS = ("tasks",)
+
+
+def _pad_row_options(options: dict, b: int, rows: int) -> dict:
+  """Per-prompt options (one entry per caller row) extended to the padded batch by
+  repeating the last entry, as `buckets.pad_batch` repeats the last prompt."""
+  for name in ROW_OPTIONS:
+    value = options.get(name)
+    if value is None:
+      continue
+    if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != b:
+      raise ValueError(f"{name} must be a list with one entry per prompt ({b}), got "
+                       f"{value!r}.")
+    options = dict(options, **{name: list(value) + [value[-1]] * (rows - b)})
+  return options
+
+
 def _take_rows(out: base.DecodeOutput, b: int) -> base.DecodeOutput:
   finite = None if out.finite is None else out.finite[:b]
+  extra = {name: getattr(out, name)[:b] for name in getattr(out, "ROW_FIELDS", ())
+           if getattr(out, name) is not None}  # per-row fields of a DecodeOutput subclass
   return out.replace(tokens=out.tokens[:b], lengths=out.lengths[:b],
-                     committed=out.committed[:b], done=out.done[:b], finite=finite)
+                     committed=out.committed[:b], done=out.done[:b], finite=finite, **extra)

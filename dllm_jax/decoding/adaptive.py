@@ -1,0 +1,495 @@
+"""Task-adaptive decoding: per row and per round, commit a D2F draft in parallel, verify it
+with the AR model, or decode plain AR.
+
+Shape legend: B batch, P padded prompt length, G gen_length (also the most rounds), k
+draft_length, V vocab.
+
+Mode codes (`MODE_CODES`; -1 = the row was not live that round):
+
+  0 PARALLEL  commit the diffusion drafter's k tokens unverified (D2F's parallel commit)
+  1 VERIFY    speculative decoding: the AR target verifies the draft (`speculative.verify`:
+              greedy = AR greedy, sampling distributed exactly as AR sampling)
+  2 AR        the AR target commits one token per round (its drafts are ignored)
+
+One jitted `lax.while_loop`; every round and row: the drafter drafts a block of k tokens
+(`drafters.diffusion_draft`, the layout speculative decoding uses: clean causal context,
+one mask block), the AR target runs one causal forward over its cache, and the row's mode
+selects what is committed. Each model's forward runs only when some live row needs it
+(`lax.cond`): the drafter for PARALLEL / VERIFY rows, the target for VERIFY / AR rows (one
+slot wide when no row verifies). So a batch of PARALLEL rows costs only drafter forwards,
+and a batch of AR rows only target forwards.
+
+The rule (`initial_mode`, `next_mode`; thresholds traced, so sweeping them never
+recompiles), per row:
+  * a task tag mapped to a mode (`task_modes`) forces that mode for every round;
+  * otherwise round 0 picks from c0, the mean over the first block of the drafter's
+    confidence (each slot's top probability at the forward that committed it) on its first
+    forward over the response: AR if c0 < ar_confidence, else PARALLEL if
+    c0 >= parallel_confidence, else VERIFY;
+  * after each VERIFY round: AR if accepted < min_acceptance * drafted (the row's drafts so
+    far), else PARALLEL if trust_streak > 0 and the last trust_streak rounds each accepted
+    the whole draft. PARALLEL and AR are final: a PARALLEL row's target cache and an AR
+    row's drafter cache stop being fed, which is what lets each skip a model.
+
+Exactness: every VERIFY / AR commit is the target's own (greedy) choice given the prefix,
+so with every row in VERIFY or AR the output equals `ar_generate(target)` token for token
+(at temperature 0) and equals `speculative_generate(drafter="d2f")` round for round in
+VERIFY. A PARALLEL row commits the drafter's greedy blocks: the block-diffusion decode of
+the drafter over a causal clean context (with draft_length 1, `block_diffusion_generate`
+with block_length 1). Rows never interact: batched rows equal their one-row decodes.
+
+NFE: `nfe = target_forwards + drafter_forwards`, each batched call counted once when it
+runs; `AdaptiveStats` reports them separately with the per-round signals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_jax.decoding import base
+from dllm_jax.decoding import speculative as spec
+from dllm_jax.decoding.drafters import diffusion_draft, unshifted
+from dllm_jax.models import kv_cache as kvc
+from dllm_jax.models import masks
+from dllm_jax.models.config import ModelConfig
+from dllm_jax.models.transformer import Transformer, project
+
+Array = jnp.ndarray
+PARALLEL, VERIFY, AR, NO_ROUND = 0, 1, 2, -1
+MODE_CODES = {"parallel": PARALLEL, "verify": VERIFY, "ar": AR}
+TAG_MODES = ("auto",) + tuple(MODE_CODES)  # "auto": the tag leaves the choice to the rule
+THRESHOLDS = ("parallel_confidence", "ar_confidence", "min_acceptance", "trust_streak")
+
+
+def _task_modes(value) -> tuple[tuple[str, str], ...]:
+  """A {tag: mode} mapping (or pairs) -> sorted ((tag, mode), ...); ValueError if bad."""
+  pairs = value.items() if isinstance(value, Mapping) else value
+  try:
+    pairs = [(tag, mode) for tag, mode in pairs]
+  except (TypeError, ValueError):
+    raise ValueError(f"task_modes must map task tags to modes, e.g. {{'copy': 'parallel'}}; "
+                     f"got {value!r}.") from None
+  for tag, mode in pairs:
+    if not isinstance(tag, str) or not tag:
+      raise ValueError(f"task_modes: a task tag must be a non-empty string, got {tag!r}.")
+    if mode not in TAG_MODES:
+      raise ValueError(f"task_modes[{tag!r}]={mode!r}: use one of {TAG_MODES}.")
+  if len({t for t, _ in pairs}) != len(pairs):
+    raise ValueError(f"task_modes names a tag twice: {[t for t, _ in pairs]}.")
+  return tuple(sorted(pairs))
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveOptions:
+  """Options (hashable). The four thresholds are traced: `split` moves them out of the jit
+  key, so sweeping them never recompiles.
+
+  Attributes:
+    gen_length: G, the most tokens generated per row.
+    draft_length: k, tokens drafted per round (1 <= k <= G).
+    draft_steps: drafter forwards per block (1..k; 1 is D2F's one-forward block).
+    parallel_confidence: round 0 commits in parallel when c0 >= this (> 1: never).
+    ar_confidence: round 0 decodes plain AR when c0 < this (0: never; > 1: always).
+    min_acceptance: a VERIFY row whose accepted / drafted falls below this drops to AR
+      (0: never; in [0, 1]).
+    trust_streak: a VERIFY row whose last trust_streak rounds accepted whole drafts moves to
+      PARALLEL (0: never).
+    task_modes: {task tag: "auto" | "parallel" | "verify" | "ar"}; a row's tag (`tasks=`)
+      forces its mode ("auto": the rule decides). Stored as sorted (tag, mode) pairs.
+    temperature, top_k, top_p: the target's sampling in VERIFY / AR rounds (as
+      `ar_generate`); PARALLEL rounds commit the drafter's greedy tokens.
+    early_stop: exit once every row is done.
+  """
+  gen_length: int = base.GEN_LENGTH
+  draft_length: int = 4
+  draft_steps: int = 1
+  parallel_confidence: float = 0.9
+  ar_confidence: float = 0.2
+  min_acceptance: float = 0.25
+  trust_streak: int = 4
+  task_modes: tuple = ()
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  early_stop: bool = True
+
+  def __post_init__(self):
+    spec.check_draft_options(self)
+    k = self.draft_length
+    if isinstance(self.draft_steps, bool) or not isinstance(
+        self.draft_steps, (int, np.integer)) or not 1 <= self.draft_steps <= k:
+      raise ValueError(f"draft_steps={self.draft_steps!r} must be an int in [1, "
+                       f"draft_length={k}].")
+    for name in ("parallel_confidence", "ar_confidence"):
+      base.check_number(name, getattr(self, name), low=0.0, allow_inf=True)
+    base.check_number("min_acceptance", self.min_acceptance, low=0.0, high=1.0)
+    t = self.trust_streak
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
+      raise ValueError(f"trust_streak must be an int >= 0 (0: never trust), got {t!r}.")
+    object.__setattr__(self, "task_modes", _task_modes(self.task_modes))
+
+  @property
+  def steps(self) -> int:  # what `drafters.diffusion_draft` reads
+    return self.draft_steps
+
+  def split(self):
+    """(static options with canonical thresholds and no task map, {name: [] array})."""
+    canonical = {"parallel_confidence": 0.9, "ar_confidence": 0.2, "min_acceptance": 0.25,
+                 "trust_streak": 4}
+    static, knobs = base.split_options(self, canonical, {"trust_streak": np.int32})
+    return dataclasses.replace(static, task_modes=()), knobs
+
+  def forced_modes(self, tasks, batch: int) -> np.ndarray:
+    """[B] int32 mode code each row's task tag forces, or -1 (no tag, or "auto")."""
+    if tasks is None:
+      return np.full((batch,), -1, np.int32)
+    if isinstance(tasks, str) or not isinstance(tasks, Sequence):
+      raise ValueError(f"tasks must be a list with one task tag (or None) per prompt, "
+                       f"got {tasks!r}.")
+    if len(tasks) != batch:
+      raise ValueError(f"tasks has {len(tasks)} entries for {batch} prompts; pass one task "
+                       "tag (or None) per prompt.")
+    table = dict(self.task_modes)
+    out = np.full((batch,), -1, np.int32)
+    for row, tag in enumerate(tasks):
+      if tag is None:
+        continue
+      if tag not in table:
+        raise ValueError(f"unknown task tag {tag!r} (row {row}); task_modes knows "
+                         f"{sorted(table)}. Add it to task_modes (mode 'auto' lets the rule "
+                         "decide) or pass None.")
+      out[row] = MODE_CODES.get(table[tag], -1)
+    return out
+
+
+# ----------------------------------------------------------------------------- the rule
+
+def initial_mode(confidence: Array, forced: Array, knobs) -> Array:
+  """[B] round-0 mode from [B] c0 (the drafter's first-block mean confidence)."""
+  mode = jnp.where(confidence < knobs["ar_confidence"], AR,
+                   jnp.where(confidence >= knobs["parallel_confidence"], PARALLEL, VERIFY))
+  return jnp.where(forced >= 0, forced, mode).astype(jnp.int32)
+
+
+def next_mode(mode: Array, forced: Array, drafted: Array, accepted: Array, streak: Array,
+              knobs) -> Array:
+  """[B] mode for the next round, after a round's acceptance counts are added."""
+  free = (mode == VERIFY) & (forced < 0)
+  low = accepted.astype(jnp.float32) < knobs["min_acceptance"] * drafted.astype(jnp.float32)
+  trusted = (knobs["trust_streak"] > 0) & (streak >= knobs["trust_streak"])
+  return jnp.where(free & low, AR, jnp.where(free & trusted, PARALLEL, mode)).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- records
+
+@flax.struct.dataclass
+class AdaptiveOutput(base.DecodeOutput):
+  """`base.DecodeOutput` plus the modes used (codes in the module docstring).
+
+  modes: [B] the row's round-0 mode (the per-request decision).
+  round_modes: [B, G] the mode of each round (round r = loop iteration r), -1 after the row
+    finished."""
+  modes: Array | None = None
+  round_modes: Array | None = None
+
+  ROW_FIELDS = ("modes", "round_modes")
+
+
+@flax.struct.dataclass
+class AdaptiveStats:
+  """target_forwards, drafter_forwards: [] batched calls run. first_confidence: [B] c0.
+  round_confidence: [B, G] mean drafter confidence of the round's draft (NaN where the row
+  used no draft). round_accepted: [B, G] drafts accepted in a VERIFY round (-1 otherwise).
+  round_committed: [B, G] tokens committed. drafted, accepted: [B] totals over VERIFY rounds."""
+  target_forwards: Array
+  drafter_forwards: Array
+  first_confidence: Array
+  round_confidence: Array
+  round_accepted: Array
+  round_committed: Array
+  drafted: Array
+  accepted: Array
+
+
+@flax.struct.dataclass
+class AdaptiveState:
+  """Loop carry: response [B, G]; n, prompt_len, mode, forced, drafted, accepted, streak,
+  done, finite [B]; the per-round records [B, G]; both caches (see speculative.SpecState)."""
+  response: Array
+  n: Array
+  prompt_len: Array
+  tcache: kvc.KVCache
+  dcache: kvc.KVCache
+  mode: Array
+  forced: Array
+  drafted: Array
+  accepted: Array
+  streak: Array
+  done: Array
+  finite: Array
+  first_confidence: Array
+  round_modes: Array
+  round_confidence: Array
+  round_accepted: Array
+  round_committed: Array
+  step: Array
+  target_forwards: Array
+  drafter_forwards: Array
+  rng: Array
+
+
+# ----------------------------------------------------------------------------- one round
+
+def _forbid(tcfg: ModelConfig, dcfg: ModelConfig):
+  return tuple(sorted({i for i in (tcfg.mask_token_id, dcfg.mask_token_id) if i is not None}))
+
+
+def _target(tparams, tcfg, k, chunk, out_from, tcache):
+  """One causal target forward over `chunk` -> ([B, k + 1, V] logits from out_from, cache);
+  a chunk narrower than out_from + k + 1 repeats its one logit slot (AR rows read slot 0)."""
+  tokens, positions, valid = chunk
+  hidden, tcache = Transformer(unshifted(tcfg)).apply(
+      {"params": tparams}, tokens, block_ids=positions, positions=positions, valid=valid,
+      cache=tcache, head=False)
+  logits = project(tparams, tcfg, hidden[:, out_from:out_from + k + 1]).astype(jnp.float32)
+  if logits.shape[1] < k + 1:
+    logits = jnp.broadcast_to(logits[:, :1], (logits.shape[0], k + 1, logits.shape[2]))
+  return logits, tcache
+
+
+def _round(state: AdaptiveState, mode, drafts, conf, logits, tcache, dcache, t_keep, knobs,
+           *, tcfg, opts, ran_target, ran_drafter, first: bool) -> AdaptiveState:
+  """Commits one round: the row's mode picks the draft (PARALLEL) or the target's verdict
+  (VERIFY, AR); updates caches, counts, records and the next mode."""
+  b, g = state.response.shape
+  k = opts.draft_length
+  live = ~state.done
+  verifying = live & (mode == VERIFY)
+  n_drafts = jnp.where(verifying, k, 0)
+  keys = spec.row_keys(state.rng, state.step, 1, b)
+  choice, a = spec.verify(logits, drafts, n_drafts, keys, temperature=opts.temperature,
+                          top_k=opts.top_k, top_p=opts.top_p, forbid_ids=(tcfg.mask_token_id,))
+  parallel = mode == PARALLEL
+  tokens = jnp.where(parallel[:, None], jnp.concatenate([drafts, drafts[:, -1:]], 1), choice)
+  acc = jnp.where(parallel, k - 1, jnp.where(verifying, a, 0))
+  response, count, done = spec.commit(tcfg, state.response, state.n, state.done, tokens, acc)
+  used_target = live & ~parallel
+  tcache = kvc.truncate(tcache, jnp.where(used_target, t_keep + acc + (0 if first else 1),
+                                          tcache.length if first else t_keep))
+  # Finite: the logits a row's commit (or its mode decision) read.
+  slots_ok = jnp.isfinite(logits).all(-1)                                    # [B, k + 1]
+  target_ok = jnp.where(verifying, slots_ok.all(-1), slots_ok[:, 0])
+  finite = state.finite & jnp.where(used_target, target_ok, True)
+  drafter_ok = jnp.isfinite(conf).all(-1)
+  finite = finite & jnp.where(live & (mode != AR) | (first & (state.forced != AR)),
+                              drafter_ok, True)
+  a_v = jnp.where(verifying, a, 0)
+  drafted = state.drafted + n_drafts
+  accepted = state.accepted + a_v
+  streak = jnp.where(verifying, jnp.where(a == k, state.streak + 1, 0), state.streak)
+  new_mode = jnp.where(live, next_mode(mode, state.forced, drafted, accepted, streak, knobs),
+                       mode)
+  c = jnp.mean(conf, -1)
+  s = state.step
+  rec = lambda arr, val: arr.at[:, s].set(val.astype(arr.dtype), mode="drop")
+  return state.replace(
+      response=response, n=state.n + count, tcache=tcache, dcache=dcache, mode=new_mode,
+      drafted=drafted, accepted=accepted, streak=streak, done=done, finite=finite,
+      round_modes=rec(state.round_modes, jnp.where(live, mode, NO_ROUND)),
+      round_confidence=rec(state.round_confidence,
+                           jnp.where(live & (mode != AR), c, jnp.nan)),
+      round_accepted=rec(state.round_accepted, jnp.where(verifying, a, -1)),
+      round_committed=rec(state.round_committed, count),
+      step=s + 1, target_forwards=state.target_forwards + ran_target.astype(jnp.int32),
+      drafter_forwards=state.drafter_forwards + jnp.where(ran_drafter, opts.steps, 0))
+
+
+def _no_draft(b, k, dcache):
+  return jnp.zeros((b, k), jnp.int32), jnp.zeros((b, k), jnp.float32), dcache
+
+
+def _init(tparams, dparams, prompt, valid, forced, rng, knobs, *, tcfg, dcfg,
+          opts: AdaptiveOptions) -> AdaptiveState:
+  b, p = prompt.shape
+  g, k = opts.gen_length, opts.draft_length
+  prompt = prompt.astype(jnp.int32)
+  prompt_len = valid.sum(-1, dtype=jnp.int32)
+  ppos = masks.left_pad_positions(valid)
+  forbid = _forbid(tcfg, dcfg)
+  dcache = kvc.init_cache(dcfg, b, drafter_capacity(p, opts))
+  context = (prompt, jnp.zeros_like(prompt), ppos, valid, jnp.full((b,), p, jnp.int32),
+             jnp.full((b,), p - 1, jnp.int32))
+  ran_drafter = jnp.any(forced != AR)
+  drafts, conf, dcache = jax.lax.cond(
+      ran_drafter,
+      lambda c: diffusion_draft(dparams, dcfg, opts, forbid, context, c,
+                                jnp.ones((b,), jnp.int32), prompt_len),
+      functools.partial(_no_draft, b, k), dcache)
+  c0 = jnp.mean(conf, -1)
+  mode = initial_mode(c0, forced, knobs)
+  ran_target = jnp.any(mode != PARALLEL)
+  chunk = (jnp.concatenate([prompt, drafts], 1),
+           jnp.concatenate([ppos, prompt_len[:, None] + jnp.arange(k, dtype=jnp.int32)], 1),
+           jnp.concatenate([valid, jnp.ones((b, k), bool)], 1))
+  tcache = kvc.init_cache(tcfg, b, p + g)
+  logits, tcache = jax.lax.cond(
+      ran_target, lambda c: _target(tparams, tcfg, k, chunk, p - 1, c),
+      lambda c: (jnp.zeros((b, k + 1, tcfg.vocab_size), jnp.float32), c), tcache)
+  zeros = jnp.zeros((b,), jnp.int32)
+  state = AdaptiveState(
+      response=jnp.full((b, g), base.output_pad_id(tcfg), jnp.int32), n=zeros,
+      prompt_len=prompt_len, tcache=tcache, dcache=dcache, mode=mode, forced=forced,
+      drafted=zeros, accepted=zeros, streak=zeros, done=jnp.zeros((b,), bool),
+      finite=jnp.ones((b,), bool), first_confidence=jnp.where(ran_drafter, c0, jnp.nan),
+      round_modes=jnp.full((b, g), NO_ROUND, jnp.int32),
+      round_confidence=jnp.full((b, g), jnp.nan, jnp.float32),
+      round_accepted=jnp.full((b, g), -1, jnp.int32), round_committed=jnp.zeros((b, g),
+                                                                                jnp.int32),
+      step=jnp.zeros((), jnp.int32), target_forwards=jnp.zeros((), jnp.int32),
+      drafter_forwards=jnp.zeros((), jnp.int32), rng=rng)
+  return _round(state, mode, drafts, conf, logits, tcache, dcache, jnp.full((b,), p, jnp.int32),
+                knobs, tcfg=tcfg, opts=opts, ran_target=ran_target, ran_drafter=ran_drafter,
+                first=True)
+
+
+def drafter_capacity(p: int, opts) -> int:
+  """Slots of the drafter's cache: P + G, or its widest chunk (2k + 1) if larger."""
+  return max(p + opts.gen_length, 2 * opts.draft_length + 1)
+
+
+def _step(tparams, dparams, knobs, state: AdaptiveState, *, tcfg, dcfg,
+          opts: AdaptiveOptions) -> AdaptiveState:
+  b, g = state.response.shape
+  k = opts.draft_length
+  live, mode = ~state.done, state.mode
+  n = jnp.maximum(state.n, 1)
+  take = lambda idx: jnp.take_along_axis(state.response, jnp.clip(idx, 0, g - 1), axis=1)
+  last = take((n - 1)[:, None])[:, 0]
+  last_pos = state.prompt_len + n - 1
+
+  # Drafter: rows in PARALLEL / VERIFY feed their committed-but-uncached tokens (<= k + 1).
+  drafting = live & (mode != AR)
+  ran_drafter = jnp.any(drafting)
+  p = state.tcache.capacity - g
+  cached = state.dcache.length - p
+  j = cached[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
+  write = jnp.where(drafting, state.n - cached, 0)
+  context = (take(j), 1 + j, state.prompt_len[:, None] + j,
+             (j < state.n[:, None]) & drafting[:, None], write, jnp.maximum(write - 1, 0))
+  drafts, conf, dcache = jax.lax.cond(
+      ran_drafter,
+      lambda c: diffusion_draft(dparams, dcfg, opts, _forbid(tcfg, dcfg), context, c,
+                                1 + state.n, state.prompt_len + state.n),
+      functools.partial(_no_draft, b, k), state.dcache)
+
+  # Target: rows in VERIFY / AR; one slot wide when no row verifies.
+  targeted = live & (mode != PARALLEL)
+  chunk = (jnp.concatenate([last[:, None], drafts], 1),
+           last_pos[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None],
+           jnp.broadcast_to(targeted[:, None], (b, k + 1)))
+  narrow = tuple(x[:, :1] for x in chunk)
+  branch = jnp.where(jnp.any(live & (mode == VERIFY)), 2, jnp.where(jnp.any(targeted), 1, 0))
+  t0 = state.tcache.length
+  logits, tcache = jax.lax.switch(branch, [
+      lambda c: (jnp.zeros((b, k + 1, tcfg.vocab_size), jnp.float32), c),
+      lambda c: _target(tparams, tcfg, k, narrow, 0, c),
+      lambda c: _target(tparams, tcfg, k, chunk, 0, c)], state.tcache)
+  return _round(state, mode, drafts, conf, logits, tcache, dcache, t0, knobs, tcfg=tcfg,
+                opts=opts, ran_target=branch > 0, ran_drafter=ran_drafter, first=False)
+
+
+def _running(opts: AdaptiveOptions, state: AdaptiveState) -> Array:
+  more = state.step < opts.gen_length
+  return more & ~jnp.all(state.done) if opts.early_stop else more
+
+
+def output(cfg: ModelConfig, opts: AdaptiveOptions, state: AdaptiveState):
+  """(AdaptiveOutput, AdaptiveStats) of a finished state."""
+  decided = jnp.arange(opts.gen_length)[None, :] < state.n[:, None]
+  tokens, lengths, _ = base.finalize(state.response, decided, base.stop_ids(cfg),
+                                     base.output_pad_id(cfg))
+  out = base.decode_output(tokens, lengths, state.target_forwards + state.drafter_forwards,
+                           state.step, state.n, state.done, state.finite,
+                           base.output_pad_id(cfg))
+  out = AdaptiveOutput(**{f.name: getattr(out, f.name) for f in dataclasses.fields(out)},
+                       modes=state.round_modes[:, 0], round_modes=state.round_modes)
+  stats = AdaptiveStats(
+      target_forwards=state.target_forwards, drafter_forwards=state.drafter_forwards,
+      first_confidence=state.first_confidence, round_confidence=state.round_confidence,
+      round_accepted=state.round_accepted, round_committed=state.round_committed,
+      drafted=state.drafted, accepted=state.accepted)
+  return out, stats
+
+
+@functools.partial(jax.jit, static_argnames=("tcfg", "dcfg", "opts"))
+def _generate(tparams, dparams, prompt, valid, forced, rng, knobs, *, tcfg, dcfg, opts):
+  kw = dict(tcfg=tcfg, dcfg=dcfg, opts=opts)
+  state = _init(tparams, dparams, prompt, valid, forced, rng, knobs, **kw)
+  state = jax.lax.while_loop(functools.partial(_running, opts),
+                             functools.partial(_step, tparams, dparams, knobs, **kw), state)
+  return output(tcfg, opts, state)
+
+
+def adaptive_generate(target_params, target_cfg: ModelConfig, prompt_tokens, prompt_valid=None,
+                      rng=None, *, drafter_params=None, drafter_cfg: ModelConfig | None = None,
+                      gen_length: int = base.GEN_LENGTH, draft_length: int = 4,
+                      draft_steps: int = 1, parallel_confidence: float = 0.9,
+                      ar_confidence: float = 0.2, min_acceptance: float = 0.25,
+                      trust_streak: int = 4, task_modes=(), tasks=None,
+                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                      early_stop: bool = True, on_nonfinite: str = "raise",
+                      return_stats: bool = False):
+  """Task-adaptive decoding of a left-padded prompt batch (see the module docstring).
+
+  Args:
+    target_params, target_cfg: the AR (causal) model that verifies and decodes AR rows.
+    prompt_tokens, prompt_valid: [B, P] left-padded prompts; valid None means no padding.
+    rng: PRNG key (temperature > 0; default key 0).
+    drafter_params, drafter_cfg: the block-causal diffusion drafter (a D2F student or block
+      diffusion model) sharing the target's tokenizer, with a mask_token_id.
+    gen_length, draft_length, draft_steps: G; k tokens per draft; drafter forwards per draft.
+    parallel_confidence, ar_confidence, min_acceptance, trust_streak: the rule's thresholds
+      (traced; `AdaptiveOptions`).
+    task_modes: {tag: "auto" | "parallel" | "verify" | "ar"}. tasks: [B] tags (or None) per
+      row, each in task_modes; None: no tags.
+    temperature, top_k, top_p: the target's sampling (VERIFY / AR rounds).
+    early_stop: leave the loop once every row is done.
+    on_nonfinite: "raise" (NonFiniteLogitsError) or "flag".
+    return_stats: also return an `AdaptiveStats`.
+  Returns:
+    AdaptiveOutput (a DecodeOutput with `modes` [B] and `round_modes` [B, G]; nfe = target +
+    drafter forwards; steps = rounds), and the AdaptiveStats when return_stats.
+  """
+  opts = AdaptiveOptions(
+      gen_length=gen_length, draft_length=draft_length, draft_steps=draft_steps,
+      parallel_confidence=parallel_confidence, ar_confidence=ar_confidence,
+      min_acceptance=min_acceptance, trust_streak=trust_streak, task_modes=task_modes,
+      temperature=temperature, top_k=top_k, top_p=top_p, early_stop=early_stop)
+  base.check_on_nonfinite(on_nonfinite)
+  if drafter_params is None or drafter_cfg is None:
+    raise ValueError("adaptive decoding needs a diffusion drafter: pass drafter_params and "
+                     "drafter_cfg (a D2F student or block-diffusion model sharing the "
+                     "target's tokenizer).")
+  spec.check_pair(target_cfg, drafter_cfg)
+  base.check_prompts(target_cfg, prompt_tokens, prompt_valid, gen_length, needs_mask=False)
+  base.check_prompts(drafter_cfg, prompt_tokens, prompt_valid, gen_length, needs_mask=True)
+  p = np.shape(prompt_tokens)[1]
+  if drafter_capacity(p, opts) > drafter_cfg.max_seq_len:
+    raise ValueError(f"the drafter forwards 2 * draft_length + 1 = {2 * draft_length + 1} "
+                     f"slots, more than its window max_seq_len={drafter_cfg.max_seq_len}; "
+                     "lower draft_length.")
+  forced = opts.forced_modes(tasks, np.shape(prompt_tokens)[0])
+  static, knobs = opts.split()
+  rng = jax.random.key(0) if rng is None else rng
+  tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
+  out, stats = _generate(target_params, drafter_params, tokens, valid, forced, rng, knobs,
+                         tcfg=target_cfg, dcfg=drafter_cfg, opts=static)
+  out = base.raise_if_nonfinite(out, on_nonfinite)
+  return (out, stats) if return_stats else out
