@@ -70,7 +70,7 @@ THRESHOLDS = ("parallel_confidence", "ar_confidence", "min_acceptance", "trust_s
 
 def _task_modes(value) -> tuple[tuple[str, str], ...]:
   """A {tag: mode} mapping (or pairs) -> sorted ((tag, mode), ...); ValueError if bad."""
-  pairs = value.items() if isinstance(value, Mapping) else value
+  pairs = value.items() if isinstance(value, Mapping) or hasattr(value, "items") else value
   try:
     pairs = [(tag, mode) for tag, mode in pairs]
   except (TypeError, ValueError):
