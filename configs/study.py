@@ -25,6 +25,11 @@ Modes:
 Every D2F setting runs with no bound on the blocks in flight (the reference) and, where the
 response has more than two blocks, with at most two (`A=2`); with two blocks or fewer the
 bound changes nothing, so that cell would only repeat the unbounded one.
+
+Speculative cells (`method="speculative"`, the lossless hybrid) decode with the AR model as
+verifier (`model`) and the D2F student as drafter (`drafter`: a second model of the study,
+bound as the decoder's drafter_params / drafter_cfg), one draft of k = each D2F block length
+per round, greedy.
 """
 
 import importlib.util
@@ -52,8 +57,9 @@ def _load(name):
 def _methods(mode: str, gen_length: int, train_block: int):
   """The decoding grid. Vanilla LLaDA is one block over the whole canvas, one token a step."""
   g = gen_length
+  blocks = {"": (4, 8), "long": (8, 16), "full": (8, 16)}[mode]
   d2f = []
-  for block in {"": (4, 8), "long": (8, 16), "full": (8, 16)}[mode]:
+  for block in blocks:
     for active in (None, 2) if g // block > 2 else (None,):
       for tau in (0.9, 0.7, 0.5):
         bound = "" if active is None else f" A={active}"
@@ -79,7 +85,12 @@ def _methods(mode: str, gen_length: int, train_block: int):
        "options": {"block_length": 8, "tau_conf": 0.9}},
       {"method": "block_diffusion", "label": f"block diffusion k={train_block}", "model": "d2f",
        "options": {"block_length": train_block, "steps_per_block": train_block}},
-  ] + d2f
+  ] + d2f + [
+      # The lossless hybrid: the D2F student drafts k tokens in one forward, the AR model
+      # verifies them in one (greedy: the output is AR's, token for token).
+      {"method": "speculative", "label": f"speculative d2f k={k}", "model": "ar",
+       "drafter": "d2f", "options": {"drafter": "d2f", "draft_length": k}}
+      for k in blocks]
 
 
 def get_config(mode: str = ""):

@@ -104,6 +104,32 @@ def test_for_decoding_merges_adapters_into_the_same_logits():
   assert models_lib.with_active_vocab(merged, cfg.vocab_size) is merged
 
 
+def test_bind_cell_gives_speculative_its_drafter():
+  """A speculative cell decodes with the AR model as target and the named study model as
+  drafter (greedy: AR's tokens exactly); the setting names the drafter, never its params."""
+  cfg = get_preset("tiny").replace(mask_token_id=3, eos_token_id=2, vocab_size=64)
+  ar = TrainedModel(init_params(cfg, jax.random.key(0)), cfg, None)
+  drafter = TrainedModel(init_params(cfg, jax.random.key(1)), cfg, None)
+  trained = {"ar": ar, "d2f": drafter}
+  cell = {"method": "speculative", "label": "spec", "model": "ar", "drafter": "d2f",
+          "options": {"drafter": "d2f", "draft_length": 4}}
+  decode, params, setting = study.bind_cell(cell, trained, 8)
+  assert params is ar.params
+  assert setting == {"model": "ar", "drafter_model": "d2f", "gen_length": 8, "drafter": "d2f",
+                     "draft_length": 4}
+  tokens = np.arange(4, 10, dtype=np.int32)[None]
+  valid = np.ones_like(tokens, bool)
+  got = decode(params, tokens, valid, jax.random.key(0))
+  ar_decode, ar_params, _ = study.bind_cell(
+      {"method": "ar", "label": "ar", "model": "ar", "options": {}}, trained, 8)
+  want = ar_decode(ar_params, tokens, valid, jax.random.key(0))
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  with pytest.raises(ValueError, match="needs 'drafter' naming one of"):
+    study.bind_cell({**cell, "drafter": "mdm"}, trained, 8)
+  with pytest.raises(ValueError, match="'drafter' applies to"):
+    study.bind_cell({"method": "ar", "label": "x", "model": "ar", "drafter": "d2f"}, trained, 8)
+
+
 def test_resolve_options():
   assert study.resolve_options({"steps_fraction": 0.5}, 16) == {"gen_length": 16, "steps": 8}
   with pytest.raises(ValueError, match="steps_fraction"):
@@ -126,7 +152,7 @@ def _micro_config():
   c.eval.num_prompts = 3
   c.eval.batch_sizes = (1, 2)
   keep = {"ar", "llada steps=G", "llada steps=G/2", "fast-dllm tau=0.9 dual",
-          "d2f k=4 tau=0.9", "block diffusion k=4"}
+          "d2f k=4 tau=0.9", "block diffusion k=4", "speculative d2f k=4"}
   c.methods = [m for m in c.methods if m["label"] in keep]
   return c
 
@@ -139,7 +165,7 @@ def test_micro_study_end_to_end(tmp_path, monkeypatch):
   accounting.validate_json(doc)
   for f in ("study.md", "study.json", "study_pareto.png"):
     assert (tmp_path / f).stat().st_size > 0
-  assert len(doc["results"]) == 6 * 2
+  assert len(doc["results"]) == 7 * 2
   g = doc["gen_length"]
   for row in doc["results"]:
     assert row["num_prompts"] == 3

@@ -36,6 +36,32 @@ def _decoder(method: str, cfg, options: dict):
   return decode
 
 
+# Methods whose decoder also takes a second model, and the option names it is passed under.
+SECOND_MODEL = {"speculative": ("drafter_params", "drafter_cfg")}
+
+
+def bind_cell(cell: dict, trained: dict, gen_length: int):
+  """(decode, params, setting) of one configured cell: its options resolved for this G, and
+  for a two-model method (speculative: `cell["drafter"]` names the drafter model) the second
+  model's params and config bound into the decoder. `setting` is what the JSON records."""
+  method = cell["method"]
+  model = trained[cell["model"]]
+  options = resolve_options(dict(cell.get("options", {})), gen_length)
+  setting = {"model": cell["model"], **options}
+  if method in SECOND_MODEL:
+    if not cell.get("drafter") or cell["drafter"] not in trained:
+      raise ValueError(f"cell {cell['label']!r}: method {method!r} needs 'drafter' naming one "
+                       f"of the study's models {sorted(trained)}, got {cell.get('drafter')!r}.")
+    second = trained[cell["drafter"]]
+    params_key, cfg_key = SECOND_MODEL[method]
+    setting["drafter_model"] = cell["drafter"]
+    options = {**options, params_key: second.params, cfg_key: second.model_cfg}
+  elif "drafter" in cell:
+    raise ValueError(f"cell {cell['label']!r}: 'drafter' applies to {sorted(SECOND_MODEL)} "
+                     f"only, not {method!r}.")
+  return _decoder(method, model.model_cfg, options), model.params, setting
+
+
 def resolve_options(options: dict, gen_length: int) -> dict:
   """Fills gen_length and turns `steps_fraction` (LLaDA) into a step count for this G."""
   options = {"gen_length": gen_length, **options}
@@ -124,11 +150,8 @@ def run(study_config, workdir, *, log=print) -> dict:
   for b in batch_sizes:
     bound = []
     for cell in cells:
-      model = trained[cell["model"]]
-      options = resolve_options(dict(cell.get("options", {})), gen_length)
-      bound.append(runner.Cell(_decoder(cell["method"], model.model_cfg, options), model.params,
-                               cell["method"], cell["label"], {"model": cell["model"], **options},
-                               b))
+      decode, params, setting = bind_cell(cell, trained, gen_length)
+      bound.append(runner.Cell(decode, params, cell["method"], cell["label"], setting, b))
     bar.set_postfix_str(f"batch {b}: {len(bound)} cells, interleaved")
     results += runner.run_cells(bound, layout=layout, suite=suite, examples=examples,
                                 prompt_len=layout.prompt_len, seed=int(study_config.eval.seed),
