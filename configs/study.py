@@ -7,7 +7,10 @@
 `--long` / `--full` stand for `--config configs/study.py:long` / `:full`.
 
 Three models of the same size on the same synthetic data: an AR model, a masked-diffusion
-model (MDM), and a D2F student distilled from the MDM (LoRA, block-causal). Every decoder then
+model (MDM; `mdm_from_ar=True` starts it from the trained AR model's weights), and a D2F
+student distilled from the MDM (LoRA, block-causal). The data goes through the package's TFDS
+path: array_record files written once under `<workdir>/data` and read with
+`tfds.data_source` (`data.source='synthetic'` generates the same records in memory). Every decoder then
 runs on the same held-out prompts at batch 1 and at a larger batch. Model training configs come
 from configs/{ar,mdm,d2f}_tiny.py; this file only sets what the study must hold fixed (data,
 canvas, steps) and the decoding grid. Every setting listed here is reported; none is dropped.
@@ -110,6 +113,13 @@ def get_config(mode: str = ""):
   c.data = config_dict.ConfigDict(c.models.mdm.data.to_dict())
   c.data.tasks = tasks
   c.data.block_size = block
+  # The package's data path: TFDS array_record files built once under <workdir>/data (a
+  # data_dir set here is used instead) and read with tfds.data_source.
+  c.data.source = "tfds"
+  c.data.data_dir = config_dict.placeholder(str)
+  # Initialise the MDM from the trained AR model (AR-to-diffusion adaptation); the D2F student
+  # always starts from the MDM.
+  c.mdm_from_ar = False
 
   for name, n in STEPS[mode].items():
     m = c.models[name]

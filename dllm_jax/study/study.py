@@ -73,9 +73,11 @@ def resolve_options(options: dict, gen_length: int) -> dict:
   return options
 
 
-def held_out(study_config):
-  """(tokenizer, suite, layout, examples) shared by every model of the study."""
-  data_cfg = study_config.data
+def held_out(study_config, workdir):
+  """(tokenizer, suite, layout, examples) shared by every model of the study: the first
+  eval.num_prompts records of the eval split (the TFDS files under <workdir>/data when
+  data.source='tfds')."""
+  data_cfg = models_lib.study_data(study_config, workdir)
   tok = data_lib.make_tokenizer(data_cfg)
   suite = data_lib.make_suite(data_cfg)
   layout = data_lib.make_layout(data_cfg, tok)
@@ -138,7 +140,7 @@ def run(study_config, workdir, *, log=print) -> dict:
   started = time.perf_counter()
   trained = models_lib.ensure_models(study_config, workdir, log=log)
   train_s = time.perf_counter() - started
-  tok, suite, layout, examples = held_out(study_config)
+  tok, suite, layout, examples = held_out(study_config, workdir)
   trained = {k: models_lib.with_active_vocab(m, tok.vocab_size) for k, m in trained.items()}
   gen_length = layout.seq_len - layout.prompt_len
   cells = [dict(c) for c in study_config.methods]
