@@ -29,6 +29,17 @@ Status of a claim:
                        speedup reaches the threshold but the wider forward's cost does not;
   not measured         the run has no cell of the method (or of its baseline).
 
+Schema (study.json "verdict"): {task, ar, llada_vanilla, platform, batch_size: 1, claims: [
+  {id, text, method, baseline (label), threshold {speedup, speedup_strict,
+   accuracy_tolerance_points, exact_accuracy[, tokens_per_verifier_forward]
+   [, premise_d2f_loss_points]}, published, accuracy_on (task or "all tasks"), gen_length (the
+   baseline's G), baseline_setting, cells [per judged cell: label, method, speedup,
+   speedup_median, accuracy, accuracy_delta_points, num_correct, tokens_ratio, nfe_ratio,
+   forward_cost_ratio, speedup_at_equal_forward_cost, nfe_per_prompt
+   [, tokens_per_verifier_forward, draft_length]], figure (one of cells or null), premise
+   (adaptive: {best_d2f_label, best_d2f_accuracy_delta_points}, else null), status, reason,
+   deciding_factor {name, value} or null}]}. Ratios that cannot be formed are null.
+
 The verdict reads only the stored cells (`results`), the config's headline task and vanilla
 LLaDA label, and the machine's platform, so `recompute(study_json)` rebuilds it exactly: a
 verdict written by hand would not survive that check.
