@@ -7,7 +7,10 @@
 `--long` / `--full` stand for `--config configs/study.py:long` / `:full`.
 
 Three models of the same size on the same synthetic data: an AR model, a masked-diffusion
-model (MDM), and a D2F student distilled from the MDM (LoRA, block-causal). Every decoder then
+model (MDM; `mdm_from_ar=True` starts it from the trained AR model's weights), and a D2F
+student distilled from the MDM (LoRA, block-causal). The data goes through the package's TFDS
+path: array_record files written once under `<workdir>/data` and read with
+`tfds.data_source` (`data.source='synthetic'` generates the same records in memory). Every decoder then
 runs on the same held-out prompts at batch 1 and at a larger batch. Model training configs come
 from configs/{ar,mdm,d2f}_tiny.py; this file only sets what the study must hold fixed (data,
 canvas, steps) and the decoding grid. Every setting listed here is reported; none is dropped.
@@ -25,6 +28,11 @@ Modes:
 Every D2F setting runs with no bound on the blocks in flight (the reference) and, where the
 response has more than two blocks, with at most two (`A=2`); with two blocks or fewer the
 bound changes nothing, so that cell would only repeat the unbounded one.
+
+Speculative cells (`method="speculative"`, the lossless hybrid) decode with the AR model as
+verifier (`model`) and the D2F student as drafter (`drafter`: a second model of the study,
+bound as the decoder's drafter_params / drafter_cfg), one draft of k = each D2F block length
+per round, greedy.
 """
 
 import importlib.util
@@ -52,8 +60,9 @@ def _load(name):
 def _methods(mode: str, gen_length: int, train_block: int):
   """The decoding grid. Vanilla LLaDA is one block over the whole canvas, one token a step."""
   g = gen_length
+  blocks = {"": (4, 8), "long": (8, 16), "full": (8, 16)}[mode]
   d2f = []
-  for block in {"": (4, 8), "long": (8, 16), "full": (8, 16)}[mode]:
+  for block in blocks:
     for active in (None, 2) if g // block > 2 else (None,):
       for tau in (0.9, 0.7, 0.5):
         bound = "" if active is None else f" A={active}"
@@ -79,7 +88,12 @@ def _methods(mode: str, gen_length: int, train_block: int):
        "options": {"block_length": 8, "tau_conf": 0.9}},
       {"method": "block_diffusion", "label": f"block diffusion k={train_block}", "model": "d2f",
        "options": {"block_length": train_block, "steps_per_block": train_block}},
-  ] + d2f
+  ] + d2f + [
+      # The lossless hybrid: the D2F student drafts k tokens in one forward, the AR model
+      # verifies them in one (greedy: the output is AR's, token for token).
+      {"method": "speculative", "label": f"speculative d2f k={k}", "model": "ar",
+       "drafter": "d2f", "options": {"drafter": "d2f", "draft_length": k}}
+      for k in blocks]
 
 
 def get_config(mode: str = ""):
@@ -99,6 +113,13 @@ def get_config(mode: str = ""):
   c.data = config_dict.ConfigDict(c.models.mdm.data.to_dict())
   c.data.tasks = tasks
   c.data.block_size = block
+  # The package's data path: TFDS array_record files built once under <workdir>/data (a
+  # data_dir set here is used instead) and read with tfds.data_source.
+  c.data.source = "tfds"
+  c.data.data_dir = config_dict.placeholder(str)
+  # Initialise the MDM from the trained AR model (AR-to-diffusion adaptation); the D2F student
+  # always starts from the MDM.
+  c.mdm_from_ar = False
 
   for name, n in STEPS[mode].items():
     m = c.models[name]

@@ -5,10 +5,12 @@ held-out prompts with every decoder, and write a table, a JSON file and a Pareto
   python experiments/study.py --long          # long answers (configs/study.py:long)
   python experiments/study.py --full          # the larger accelerator mode
   python experiments/study.py --long --config.eval.num_prompts=64
+  python experiments/study.py --config.mdm_from_ar=True   # MDM initialised from the AR model
 
 `--long` and `--full` stand for `--config configs/study.py:long` and `:full`. The workdir
 defaults to runs/study, runs/study_long or runs/study_full by mode; rerunning reuses the
-trained models cached there (as orbax checkpoints).
+trained models cached there (as orbax checkpoints) and the TFDS data files under
+<workdir>/data. The printed and stored verdict (dllm_jax/study/verdict.py) names every claim.
 """
 
 import sys

@@ -172,24 +172,32 @@ def test_study_mode_flags_and_default_workdirs(tmp_path):
 def test_every_study_cell_traces_at_its_mode_shapes(mode, tmp_path):
   """Each decoding cell of each mode is a valid decode at that mode's G and prompt length:
   options, block counts and shapes are checked by tracing the real decoder (no compile, no
-  memory), so an accelerator run cannot fail on a cell only reachable there."""
-  from dllm_jax.decoding import api as decode_api
+  memory), so an accelerator run cannot fail on a cell only reachable there. Each cell runs
+  on its own model(s) as the study prepares them (LoRA merged, active vocab), bound by the
+  study's own `bind_cell` (a speculative cell gets the D2F student as its drafter)."""
   from dllm_jax.models.transformer import abstract_params
   from dllm_jax.study import models as models_lib, study as study_lib
+  from dllm_jax.training import checkpoint as ckpt_lib
   from dllm_jax.training import data as data_lib
   module = load_module(STUDY_CONFIG)
   study = module.get_config(mode)
-  config = models_lib.training_config(study, "mdm", tmp_path)
-  model_cfg = config_lib.model_config(config)
-  layout = data_lib.make_layout(config.data, data_lib.make_tokenizer(config.data))
+  cfgs = {name: config_lib.model_config(models_lib.training_config(study, name, tmp_path))
+          for name in models_lib.ORDER}
+  tok = data_lib.make_tokenizer(study.data)
+  layout = data_lib.make_layout(study.data, tok)
   gen_length = layout.seq_len - layout.prompt_len
   tokens = np.full((1, layout.prompt_len), 5, np.int32)
-  params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                        nn.unbox(abstract_params(model_cfg)))
+  params = {name: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                               nn.unbox(abstract_params(cfg))) for name, cfg in cfgs.items()}
   labels = [c["label"] for c in study.methods]
   assert len(labels) == len(set(labels))
+  assert {c["method"] for c in study.methods} >= {"ar", "llada", "fast_dllm", "d2f",
+                                                  "block_diffusion", "speculative"}
   for cell in study.methods:
-    options = study_lib.resolve_options(dict(cell["options"]), gen_length)
-    out = jax.eval_shape(lambda p, o=options, m=cell["method"]: decode_api.generate(
-        p, model_cfg, (tokens, np.ones_like(tokens, bool)), method=m, **o), params)
+    def decode(p, cell=dict(cell)):
+      trained = {n: models_lib.with_active_vocab(models_lib.for_decoding(
+          ckpt_lib.TrainedModel(p[n], cfgs[n], None)), tok.vocab_size) for n in cfgs}
+      fn, cell_params, _ = study_lib.bind_cell(cell, trained, gen_length)
+      return fn(cell_params, tokens, np.ones_like(tokens, bool), jax.random.key(0))
+    out = jax.eval_shape(decode, params)
     assert out.tokens.shape == (1, gen_length), cell["label"]

@@ -4,7 +4,11 @@ Each model is an ordinary training run (`dllm_jax.training.trainer.train`) in
 `<workdir>/models/<name>`; a run that reached its final step with this study's config is
 loaded at that step without training (a run with another config is refused, naming the
 differences), and an interrupted one resumes. The D2F student starts from the MDM
-run (`train.init_from`), so the three models share tokenizer, task suite and canvas layout.
+run (`train.init_from`), and with `mdm_from_ar` the MDM from the AR run (`init_source`), so
+the three models share tokenizer, task suite and canvas layout. The data is the package's TFDS
+path: array_record files under `<workdir>/data` (`study_data`), built once by
+`builders.prepare` and read with `tfds.data_source`; `check_records` confirms they hold the
+synthetic generator's records, so models cached from either source are the same models.
 A student's LoRA adapters are merged into its weights before decoding (`for_decoding`), as
 for deployment: all three models then run the same network, and no decoder pays for the
 adapters' extra matmuls. Every model decodes over the tokenizer's ids only
@@ -14,30 +18,93 @@ adapters' extra matmuls. Every model decodes over the tokenizer's ids only
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 from ml_collections import config_dict
 
+from dllm_jax.data.sources import SyntheticSource
 from dllm_jax.models import lora
 from dllm_jax.training import checkpoint as ckpt_lib
 from dllm_jax.training import config as config_lib
+from dllm_jax.training import data as data_lib
 from dllm_jax.training import trainer
 
 ORDER = ("ar", "mdm", "d2f")  # d2f distils from mdm, so mdm trains first
+DATA_DIR = "data"  # <workdir>/data: the study's TFDS array_record files
+# Keys that choose where the records come from, not which records: a cached model trained on
+# either source is the same model, since the TFDS files hold the generator's records exactly
+# (checked by `check_records` before any model is trained or loaded).
+SOURCE_KEYS = ("data.source", "data.data_dir")
+TRAIN_RECORDS_CHECKED = 64  # train records compared with the generator (all eval records are)
 
 
 def run_dir(workdir, name: str) -> Path:
   return Path(workdir) / "models" / name
 
 
+def study_data(study_config, workdir) -> config_dict.ConfigDict:
+  """The study's data section, with data.data_dir = <workdir>/data when data.source='tfds'
+  leaves it unset."""
+  data = config_dict.ConfigDict(copy.deepcopy(study_config.data.to_dict()))
+  if data.source == "tfds" and not data.data_dir:
+    data.data_dir = str(Path(workdir) / DATA_DIR)
+  return data
+
+
+def check_records(data_cfg) -> None:
+  """Builds the TFDS files if missing (builders.prepare skips existing ones) and checks that
+  they hold the synthetic generator's records: every eval record and TRAIN_RECORDS_CHECKED
+  train records spread over the split. ValueError naming the folder to delete when they do
+  not (files written by another version of the task generator). No-op for source='synthetic'.
+  """
+  if data_cfg.source != "tfds":
+    return
+  train, test = data_lib.make_sources(data_cfg)
+  suite, seed = data_lib.make_suite(data_cfg), int(data_cfg.seed)
+  want_train = SyntheticSource(suite, int(data_cfg.train_size), seed, "train")
+  want_test = SyntheticSource(suite, int(data_cfg.eval_size), seed, "test", unique=True)
+  checks = [("test", test, want_test, range(len(want_test))),
+            ("train", train, want_train,
+             sorted({int(i) for i in np.linspace(0, len(want_train) - 1,
+                                                 TRAIN_RECORDS_CHECKED)}))]
+  for split, got, want, indices in checks:
+    if len(got) != len(want):
+      problem = f"{len(got)} records, not {len(want)}"
+    else:
+      first = next((i for i in indices if got[i] != want[i]), None)
+      problem = None if first is None else f"record {first} differs"
+    if problem:
+      raise ValueError(
+          f"the TFDS {split} split in data.data_dir={data_cfg.data_dir!r} does not hold the "
+          f"records data.tasks={data_cfg.tasks!r} generates (seed {seed}): {problem}. It was "
+          "written by another version of the task generator; delete that folder to rebuild "
+          "it.")
+
+
+def init_source(study_config, name: str) -> str | None:
+  """The study model whose trained params model `name` starts from: the D2F student from the
+  MDM; the MDM from the AR model when `mdm_from_ar` (AR-to-diffusion adaptation, as Dream
+  from Qwen2.5: the same network and vocabulary, so every leaf carries over; the [MASK]
+  embedding row, which AR training never feeds, starts where AR training left it)."""
+  if name == "d2f":
+    return "mdm"
+  if name == "mdm" and study_config.get("mdm_from_ar", False):
+    return "ar"
+  return None
+
+
 def training_config(study_config, name: str, workdir) -> config_dict.ConfigDict:
   """The training config of model `name`, with the study's shared data section applied."""
   base = study_config.models[name]
   cfg = config_dict.ConfigDict(copy.deepcopy(base.to_dict()))
-  cfg.data = config_dict.ConfigDict(copy.deepcopy(study_config.data.to_dict()))
+  cfg.data = study_data(study_config, workdir)
+  source = init_source(study_config, name)
+  if source:
+    cfg.train.init_from = str(run_dir(workdir, source))
   if name == "d2f":
-    cfg.train.init_from = str(run_dir(workdir, "mdm"))
     cfg.data.block_size = study_config.data.block_size
   cfg.train.async_checkpoints = False
   cfg.lock()
@@ -56,13 +123,22 @@ def cache_mismatch(workdir, name: str, cfg) -> list[str]:
   """Why the cached run of `name` is not the model `cfg` describes ([] when it is).
 
   Compares the run's saved config with `cfg` (keys a resumed run may change are ignored, and
-  so is the spelling of `train.init_from`: the student always starts from this workdir's MDM).
+  so is the spelling of `train.init_from`: the student always starts from this workdir's MDM;
+  and so are SOURCE_KEYS: synthetic and TFDS sources give the same records, see
+  `check_records`).
   """
   saved = ckpt_lib.read_config(run_dir(workdir, name))
   if saved is None:
     return [f"{run_dir(workdir, name)} has no {ckpt_lib.CONFIG_FILE}"]
-  return [d for d in config_lib.config_differences(saved, cfg)
-          if not d.startswith("train.init_from:")]
+  ignored = ("train.init_from",) + SOURCE_KEYS
+  diffs = [d for d in config_lib.config_differences(saved, cfg)
+           if d.split(":")[0] not in ignored]
+  started = lambda path: Path(path).name if path else None  # noqa: E731  (a study model)
+  old = started(json.loads(saved).get("train", {}).get("init_from"))
+  if old != started(cfg.train.init_from):
+    diffs.append(f"train.init_from: the cached model started from {old or 'scratch'}, this "
+                 f"config starts it from {started(cfg.train.init_from) or 'scratch'}")
+  return diffs
 
 
 def ensure_models(study_config, workdir, *, log: Callable[[str], None] = print) -> dict:
@@ -72,6 +148,7 @@ def ensure_models(study_config, workdir, *, log: Callable[[str], None] = print) 
   at exactly the configured step; otherwise a CheckpointError says what differs and how to
   retrain. Returns {name: TrainedModel(params, model_cfg, config)}.
   """
+  check_records(study_data(study_config, workdir))
   models = {}
   for name in ORDER:
     if name not in study_config.models:

@@ -4,12 +4,11 @@ same held-out prompts, with accuracy, tokens/s, latency and NFE measured in one 
     result = run(get_config(), "runs/study")   # trains or loads, decodes, writes the report
 
 Outputs in `workdir`: `study.md` (table), `study.json` (every figure + machine + config),
-`study_pareto.png` (accuracy against tokens/s). The verdict on the published claims (D2F at
->= 2.5x AR tokens/s within 2 points of AR accuracy on the headline task; >= 10x vanilla
-LLaDA at the same generation length, within 2 points of its accuracy) is computed from every
-D2F setting, printed and stored; settings that miss are listed too, each with its speedup
-split into fewer forwards and cost per forward. AR at batch 1 is also placed against the
-weight-streaming bound (roofline.py).
+`study_pareto.png` (accuracy against tokens/s). The verdict on every published claim (D2F
+against AR and vanilla LLaDA, Fast-dLLM, the lossless hybrid, adaptive switching) is computed
+from the measured cells by verdict.py, printed and stored; every judged cell is listed with its
+speedup split into fewer forwards and cost per forward. AR at batch 1 is also placed against
+the weight-streaming bound (roofline.py).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from tqdm.auto import tqdm
 from dllm_jax.data.sources import record_to_example
 from dllm_jax.decoding import api as decode_api
 from dllm_jax.study import accounting, models as models_lib, report, roofline, runner
+from dllm_jax.study import verdict as verdict_lib
 from dllm_jax.training import data as data_lib
 
 
@@ -34,6 +34,32 @@ def _decoder(method: str, cfg, options: dict):
   def decode(params, tokens, valid, rng):
     return decode_api.generate(params, cfg, (tokens, valid), method=method, rng=rng, **options)
   return decode
+
+
+# Methods whose decoder also takes a second model, and the option names it is passed under.
+SECOND_MODEL = {"speculative": ("drafter_params", "drafter_cfg")}
+
+
+def bind_cell(cell: dict, trained: dict, gen_length: int):
+  """(decode, params, setting) of one configured cell: its options resolved for this G, and
+  for a two-model method (speculative: `cell["drafter"]` names the drafter model) the second
+  model's params and config bound into the decoder. `setting` is what the JSON records."""
+  method = cell["method"]
+  model = trained[cell["model"]]
+  options = resolve_options(dict(cell.get("options", {})), gen_length)
+  setting = {"model": cell["model"], **options}
+  if method in SECOND_MODEL:
+    if not cell.get("drafter") or cell["drafter"] not in trained:
+      raise ValueError(f"cell {cell['label']!r}: method {method!r} needs 'drafter' naming one "
+                       f"of the study's models {sorted(trained)}, got {cell.get('drafter')!r}.")
+    second = trained[cell["drafter"]]
+    params_key, cfg_key = SECOND_MODEL[method]
+    setting["drafter_model"] = cell["drafter"]
+    options = {**options, params_key: second.params, cfg_key: second.model_cfg}
+  elif "drafter" in cell:
+    raise ValueError(f"cell {cell['label']!r}: 'drafter' applies to {sorted(SECOND_MODEL)} "
+                     f"only, not {method!r}.")
+  return _decoder(method, model.model_cfg, options), model.params, setting
 
 
 def resolve_options(options: dict, gen_length: int) -> dict:
@@ -47,9 +73,11 @@ def resolve_options(options: dict, gen_length: int) -> dict:
   return options
 
 
-def held_out(study_config):
-  """(tokenizer, suite, layout, examples) shared by every model of the study."""
-  data_cfg = study_config.data
+def held_out(study_config, workdir):
+  """(tokenizer, suite, layout, examples) shared by every model of the study: the first
+  eval.num_prompts records of the eval split (the TFDS files under <workdir>/data when
+  data.source='tfds')."""
+  data_cfg = models_lib.study_data(study_config, workdir)
   tok = data_lib.make_tokenizer(data_cfg)
   suite = data_lib.make_suite(data_cfg)
   layout = data_lib.make_layout(data_cfg, tok)
@@ -57,67 +85,6 @@ def held_out(study_config):
   n = min(int(study_config.eval.num_prompts), len(eval_source))
   examples = [record_to_example(eval_source[i]) for i in range(n)]
   return tok, suite, layout, examples
-
-
-def _ratio(a: float, b: float) -> float:
-  return a / b if b else float("nan")
-
-
-def verdict(results, *, task: str, ar_label: str = "ar", llada_label: str) -> dict:
-  """Checks the published claims on every D2F cell at batch 1 (nothing filtered away).
-
-  The claims, as published (at similar accuracy): >= 2.5x AR tokens/s within 2 points of AR's
-  accuracy, and >= 10x vanilla LLaDA's tokens/s within 2 points of vanilla LLaDA's accuracy.
-
-  Each D2F cell's speedup over AR is also split into its two measured factors:
-  speedup = (response tokens ratio) * nfe_ratio / forward_cost_ratio, where nfe_ratio is AR's
-  forwards per prompt over D2F's and forward_cost_ratio is D2F's wall time per forward over
-  AR's. The first is a property of the algorithm and model; the second of the hardware: on a
-  machine where a forward costs the same whatever its width (batch-1 decoding bound by
-  weight reads, as on an accelerator) it is about 1 and the speedup tends to nfe_ratio.
-  """
-  at1 = {r.label: r for r in results if r.batch_size == 1}
-  ar, llada = at1.get(ar_label), at1.get(llada_label)
-  rows = []
-  for r in results:
-    if r.batch_size != 1 or r.method != "d2f" or ar is None:
-      continue
-    gap = 100 * (ar.task_accuracy(task) - r.task_accuracy(task))
-    speed = _ratio(r.tokens_per_s, ar.tokens_per_s)
-    vs_llada = (r.tokens_per_s / llada.tokens_per_s) if llada and llada.tokens_per_s else None
-    llada_gap = 100 * (llada.task_accuracy(task) - r.task_accuracy(task)) if llada else None
-    cost = _ratio(_ratio(r.latency_per_prompt_s, r.nfe_per_prompt),
-                  _ratio(ar.latency_per_prompt_s, ar.nfe_per_prompt))
-    rows.append({"label": r.label, "speedup_vs_ar": speed, "accuracy_gap_points": gap,
-                 "speedup_vs_ar_median": _ratio(r.tokens_per_s_median, ar.tokens_per_s_median),
-                 "speedup_vs_llada": vs_llada, "accuracy_gap_vs_llada_points": llada_gap,
-                 "nfe_ratio_vs_ar": _ratio(ar.nfe_per_prompt, r.nfe_per_prompt),
-                 "forward_cost_ratio_vs_ar": cost,
-                 "meets_ar_claim": bool(speed >= 2.5 and gap <= 2.0),
-                 "meets_llada_claim": bool(vs_llada is not None and vs_llada >= 10.0
-                                           and llada_gap <= 2.0)})
-  return {"task": task, "ar": ar_label, "llada_vanilla": llada_label, "d2f_cells": rows,
-          "ar_claim_met_by": [x["label"] for x in rows if x["meets_ar_claim"]],
-          "llada_claim_met_by": [x["label"] for x in rows if x["meets_llada_claim"]]}
-
-
-def verdict_text(v: dict) -> str:
-  lines = [f"Claims checked at batch 1 on task {v['task']!r} "
-           f"(AR = {v['ar']!r}, vanilla LLaDA = {v['llada_vanilla']!r}):"]
-  for x in v["d2f_cells"]:
-    llada = (f"{x['speedup_vs_llada']:.1f}x vanilla LLaDA "
-             f"({-x['accuracy_gap_vs_llada_points']:+.1f} points)"
-             if x["speedup_vs_llada"] is not None else "no LLaDA cell")
-    lines.append(f"  {x['label']}: {x['speedup_vs_ar']:.2f}x AR tokens/s "
-                 f"({x['speedup_vs_ar_median']:.2f}x by median times), accuracy "
-                 f"{-x['accuracy_gap_points']:+.1f} points vs AR, {llada}; "
-                 f"{x['nfe_ratio_vs_ar']:.2f}x fewer forwards than AR, each "
-                 f"{x['forward_cost_ratio_vs_ar']:.2f}x an AR forward's time")
-  lines.append("  >= 2.5x AR within 2 points:             " +
-               (", ".join(v["ar_claim_met_by"]) or "NOT MET"))
-  lines.append("  >= 10x vanilla LLaDA within 2 points:  " +
-               (", ".join(v["llada_claim_met_by"]) or "NOT MET"))
-  return "\n".join(lines)
 
 
 def ar_roofline(results, trained, *, bandwidth: dict, ar_label: str = "ar") -> dict | None:
@@ -173,7 +140,7 @@ def run(study_config, workdir, *, log=print) -> dict:
   started = time.perf_counter()
   trained = models_lib.ensure_models(study_config, workdir, log=log)
   train_s = time.perf_counter() - started
-  tok, suite, layout, examples = held_out(study_config)
+  tok, suite, layout, examples = held_out(study_config, workdir)
   trained = {k: models_lib.with_active_vocab(m, tok.vocab_size) for k, m in trained.items()}
   gen_length = layout.seq_len - layout.prompt_len
   cells = [dict(c) for c in study_config.methods]
@@ -185,30 +152,30 @@ def run(study_config, workdir, *, log=print) -> dict:
   for b in batch_sizes:
     bound = []
     for cell in cells:
-      model = trained[cell["model"]]
-      options = resolve_options(dict(cell.get("options", {})), gen_length)
-      bound.append(runner.Cell(_decoder(cell["method"], model.model_cfg, options), model.params,
-                               cell["method"], cell["label"], {"model": cell["model"], **options},
-                               b))
+      decode, params, setting = bind_cell(cell, trained, gen_length)
+      bound.append(runner.Cell(decode, params, cell["method"], cell["label"], setting, b))
     bar.set_postfix_str(f"batch {b}: {len(bound)} cells, interleaved")
     results += runner.run_cells(bound, layout=layout, suite=suite, examples=examples,
                                 prompt_len=layout.prompt_len, seed=int(study_config.eval.seed),
                                 repeats=repeats, on_batch=lambda: bar.update(1))
   bar.close()
 
-  v = verdict(results, task=study_config.eval.headline_task,
-              llada_label=study_config.eval.llada_vanilla_label)
+  machine = accounting.machine_info()
+  v = verdict_lib.judge(results, task=study_config.eval.headline_task,
+                        llada_label=study_config.eval.llada_vanilla_label,
+                        platform=machine["platform"])
   bandwidth = roofline.memory_bandwidth(
       float(study_config.eval.get("memory_bandwidth_gbps", 0.0)))
   bound = ar_roofline(results, trained, bandwidth=bandwidth)
   doc = accounting.results_json(
-      results, machine=accounting.machine_info(), config=json.loads(study_config.to_json()),
+      results, machine=machine, config=json.loads(study_config.to_json()),
       extra={"verdict": v, "roofline": bound, "gen_length": gen_length, "prompt_len": layout.prompt_len,
              "num_prompts": len(examples), "train_or_load_s": train_s,
              "total_s": time.perf_counter() - started})
   accounting.validate_json(doc)
+  verdict_lib.check_recomputes(doc)
   table = report.markdown_table(results, baseline="ar")
-  text = f"{table}\n\n{verdict_text(v)}\n\n{roofline_text(bound)}\n"
+  text = f"{table}\n\n{verdict_lib.verdict_text(v)}\n\n{roofline_text(bound)}\n"
   (workdir / "study.md").write_text(text)
   (workdir / "study.json").write_text(json.dumps(doc, indent=1))
   report.pareto_plot(results, str(workdir / "study_pareto.png"),

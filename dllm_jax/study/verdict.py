@@ -1,0 +1,368 @@
+"""The verdict on the published claims, computed from the study's measured cells.
+
+    v = judge(results, task="arithmetic", llada_label="llada steps=G", platform="cpu")
+    print(verdict_text(v))
+    assert recompute(json.loads(open("runs/study/study.json").read())) == v
+
+Every claim in CLAIMS is judged on the batch-1 cells of its method against one baseline cell
+(AR, or vanilla LLaDA: steps = G, low-confidence remasking), and nothing is filtered away:
+every judged cell is stored with its figures. A cell's speedup over its baseline splits into
+measured factors,
+
+    speedup = tokens_ratio * nfe_ratio / forward_cost_ratio,
+
+tokens_ratio = response tokens per prompt over the baseline's, nfe_ratio = the baseline's
+forwards per prompt over the cell's, forward_cost_ratio = the cell's wall time per forward over
+the baseline's. The first two are the algorithm's (`speedup_at_equal_forward_cost`); the last
+is the hardware's: where a batch-1 forward is bound by weight reads (an accelerator) it tends
+to 1, on a CPU a wider forward costs more.
+
+Status of a claim:
+  met                  some cell within the accuracy tolerance reaches the threshold;
+  not met              none does, and this run could have shown it (or no cell is accurate
+                       enough);
+  not measurable here  no decoder could show it in this run, with the measured factor that
+                       decides it: the baseline needs too few forwards per prompt at this G
+                       (even one forward per prompt would not reach the threshold), the answers
+                       are too short for the tokens-per-forward bar, the suite has no task
+                       where D2F alone fails (adaptive switching), or, on a CPU, the algorithmic
+                       speedup reaches the threshold but the wider forward's cost does not;
+  not measured         the run has no cell of the method (or of its baseline).
+
+Schema (study.json "verdict"): {task, ar, llada_vanilla, platform, batch_size: 1, claims: [
+  {id, text, method, baseline (label), threshold {speedup, speedup_strict,
+   accuracy_tolerance_points, exact_accuracy[, tokens_per_verifier_forward]
+   [, premise_d2f_loss_points]}, published, accuracy_on (task or "all tasks"), gen_length (the
+   baseline's G), baseline_setting, cells [per judged cell: label, method, speedup,
+   speedup_median, accuracy, accuracy_delta_points, num_correct, tokens_ratio, nfe_ratio,
+   forward_cost_ratio, speedup_at_equal_forward_cost, nfe_per_prompt
+   [, tokens_per_verifier_forward, draft_length]], figure (one of cells or null), premise
+   (adaptive: {best_d2f_label, best_d2f_accuracy_delta_points}, else null), status, reason,
+   deciding_factor {name, value} or null}]}. Ratios that cannot be formed are null.
+
+The verdict reads only the stored cells (`results`), the config's headline task and vanilla
+LLaDA label, and the machine's platform, so `recompute(study_json)` rebuilds it exactly: a
+verdict written by hand would not survive that check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+
+from dllm_jax.study.accounting import MethodResult
+
+MET, NOT_MET, NOT_MEASURABLE, NOT_MEASURED = ("met", "not met", "not measurable here",
+                                              "not measured")
+STATUSES = (MET, NOT_MET, NOT_MEASURABLE, NOT_MEASURED)
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """One published claim: `method` at >= `speedup` x the `baseline`'s tokens/s, with accuracy
+  at most `tolerance_points` below it (0 with `exact`: the same number of correct answers).
+
+  `accuracy_on`: "task" (the headline task) or "all" (every prompt: the mixed suite).
+  `tokens_per_verifier_forward`: the lossless-hybrid bar on response tokens per AR-verifier
+  forward. `premise_d2f_loss_points`: adaptive switching is judged only where the most accurate
+  D2F cell loses more than this to AR.
+  """
+  id: str
+  text: str
+  method: str
+  baseline: str  # "ar" or "llada"
+  speedup: float
+  tolerance_points: float
+  published: str
+  accuracy_on: str = "task"
+  strict_speedup: bool = False  # "faster than": speedup > threshold, not >=
+  exact: bool = False
+  tokens_per_verifier_forward: float | None = None
+  premise_d2f_loss_points: float | None = None
+
+  def threshold(self) -> dict:
+    out = {"speedup": self.speedup, "speedup_strict": self.strict_speedup,
+           "accuracy_tolerance_points": self.tolerance_points, "exact_accuracy": self.exact}
+    if self.tokens_per_verifier_forward is not None:
+      out["tokens_per_verifier_forward"] = self.tokens_per_verifier_forward
+    if self.premise_d2f_loss_points is not None:
+      out["premise_d2f_loss_points"] = self.premise_d2f_loss_points
+    return out
+
+
+CLAIMS = (
+    Claim("d2f_vs_ar", "D2F >= 2.5x AR tokens/s within 2 accuracy points of AR", "d2f", "ar",
+          2.5, 2.0, "D2F-LLaDA block 32: 119.9 tok/s vs LLaMA3-8B-Instruct 48.0 (GSM8K, "
+          "A100, batch 1)"),
+    Claim("d2f_vs_llada_10x", "D2F >= 10x vanilla LLaDA tokens/s at the same G, within 2 "
+          "points", "d2f", "llada", 10.0, 2.0,
+          "GSM8K, A100, batch 1: D2F-LLaDA 52.5 vs LLaDA 7.2 tok/s (7.3x); D2F-Dream 91.2 vs "
+          "Dream 9.5 (9.6x)"),
+    Claim("d2f_vs_llada_50x", "D2F >= 50x vanilla LLaDA tokens/s at the same G, within 2 "
+          "points", "d2f", "llada", 50.0, 2.0,
+          "MBPP on LLaDA-8B, long generations (256-512 tokens), A100, batch 1: 47.6 vs 0.9 "
+          "tok/s (52.9x)"),
+    Claim("fast_dllm_vs_llada", "Fast-dLLM >= 27.6x vanilla LLaDA tokens/s at the same G, "
+          "within 2 points", "fast_dllm", "llada", 27.6, 2.0,
+          "LLaDA GSM8K, A100, batch 1: 27.6x at length 1024 (8.1x at length 256, 79.3 -> "
+          "78.5 accuracy)"),
+    Claim("lossless_hybrid", "Speculative (D2F drafter, AR verifier): AR's accuracy exactly, "
+          ">= 5 response tokens per AR-verifier forward, >= 1.2x AR tokens/s", "speculative",
+          "ar", 1.2, 0.0, "DFlash: 6.2x lossless on Qwen3-8B; TiDAR 4.71-5.91x over AR (H100, "
+          "batch 1)", accuracy_on="all", exact=True, tokens_per_verifier_forward=5.0),
+    Claim("adaptive_switching", "Adaptive switching: within 1 point of AR accuracy on the "
+          "mixed suite, where D2F alone loses > 5 points, and faster than AR", "adaptive", "ar",
+          1.0, 1.0, "the hybrid issue's bar (no published anchor)", accuracy_on="all",
+          strict_speedup=True, premise_d2f_loss_points=5.0),
+)
+
+
+def _ratio(a, b):
+  return a / b if a is not None and b else None
+
+
+def _counts(r: MethodResult, task: str | None) -> tuple[int, int]:
+  """(correct, prompts) on `task` (None: every prompt)."""
+  if task is None:
+    return r.num_correct, r.num_prompts
+  correct, total = r.per_task.get(task, (0, 0))
+  return int(correct), int(total)
+
+
+def _delta_points(r: MethodResult, base: MethodResult, task: str | None) -> float | None:
+  """100 * (accuracy of r - accuracy of base), from integer counts: one rounding, so a cell
+  exactly at a whole-point tolerance (e.g. 88/100 against 90/100) is not lost to float error."""
+  (c, n), (cb, nb) = _counts(r, task), _counts(base, task)
+  if not n or not nb:
+    return None
+  return 100.0 * (c * nb - cb * n) / (n * nb)
+
+
+def compare(r: MethodResult, base: MethodResult, task: str | None) -> dict:
+  """The figures of cell `r` against `base`: speedup, its split, accuracy delta (points)."""
+  correct, total = _counts(r, task)
+  per_prompt = lambda x: _ratio(x.response_tokens, x.num_prompts)  # noqa: E731
+  tokens_ratio = _ratio(per_prompt(r), per_prompt(base))
+  nfe_ratio = _ratio(base.nfe_per_prompt, r.nfe_per_prompt)
+  cost = _ratio(_ratio(r.latency_per_prompt_s, r.nfe_per_prompt),
+                _ratio(base.latency_per_prompt_s, base.nfe_per_prompt))
+  algorithmic = (tokens_ratio * nfe_ratio if tokens_ratio is not None and nfe_ratio is not None
+                 else None)
+  out = {"label": r.label, "method": r.method,
+         "speedup": _ratio(r.tokens_per_s, base.tokens_per_s),
+         "speedup_median": _ratio(r.tokens_per_s_median, base.tokens_per_s_median),
+         "accuracy": correct / total if total else None,
+         "accuracy_delta_points": _delta_points(r, base, task),
+         "num_correct": r.num_correct, "tokens_ratio": tokens_ratio, "nfe_ratio": nfe_ratio,
+         "forward_cost_ratio": cost, "speedup_at_equal_forward_cost": algorithmic,
+         "nfe_per_prompt": r.nfe_per_prompt}
+  if r.method == "speculative":  # one AR-verifier forward per round (DecodeOutput.steps)
+    out["tokens_per_verifier_forward"] = _ratio(r.response_tokens,
+                                                r.loop_steps * r.batch_size)
+    out["draft_length"] = r.setting.get("draft_length")
+  return out
+
+
+def _fast_enough(claim: Claim, speedup) -> bool:
+  if speedup is None:
+    return False
+  return speedup > claim.speedup if claim.strict_speedup else speedup >= claim.speedup
+
+
+def _accurate(claim: Claim, c: dict, base: MethodResult) -> bool:
+  if claim.exact:
+    return c["num_correct"] == base.num_correct
+  delta = c["accuracy_delta_points"]
+  return delta is not None and delta >= -claim.tolerance_points
+
+
+def _meets(claim: Claim, c: dict) -> bool:
+  if not _fast_enough(claim, c["speedup"]):
+    return False
+  bar = claim.tokens_per_verifier_forward
+  return bar is None or (c.get("tokens_per_verifier_forward") or 0.0) >= bar
+
+
+def _delta(c: dict) -> float:
+  """Sort key: the accuracy delta, a cell without one last."""
+  d = c["accuracy_delta_points"]
+  return -1e9 if d is None else d
+
+
+def _fmt(x, spec=".2f") -> str:
+  return "n/a" if x is None else format(x, spec)
+
+
+def _x(x) -> str:
+  """A ratio as `2.50x`, or n/a."""
+  return "n/a" if x is None else f"{x:.2f}x"
+
+
+def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult | None,
+                 base_label: str, d2f: Sequence[MethodResult], *, task: str,
+                 platform: str) -> dict:
+  accuracy_task = task if claim.accuracy_on == "task" else None
+  entry = {"id": claim.id, "text": claim.text, "method": claim.method,
+           "baseline": base_label, "threshold": claim.threshold(),
+           "published": claim.published,
+           "accuracy_on": task if accuracy_task else "all tasks",
+           "gen_length": None if base is None else base.setting.get("gen_length"),
+           "baseline_setting": None if base is None else dict(base.setting),
+           "cells": [], "figure": None, "premise": None, "status": NOT_MEASURED,
+           "reason": "", "deciding_factor": None}
+
+  def done(status, reason, factor=None, value=None):
+    entry.update(status=status, reason=reason,
+                 deciding_factor=None if factor is None else {"name": factor, "value": value})
+    return entry
+
+  if not cells:
+    return done(NOT_MEASURED, f"no {claim.method} cell at batch 1 in this run")
+  if base is None:
+    return done(NOT_MEASURED, f"no baseline cell {base_label!r} at batch 1 in this run")
+  rows = [compare(r, base, accuracy_task) for r in cells]
+  entry["cells"] = rows
+  accurate = [c for c in rows if _accurate(claim, c, base)]
+  speed = lambda c: -1.0 if c["speedup"] is None else c["speedup"]  # noqa: E731
+  if accurate:
+    entry["figure"] = max(accurate, key=speed)
+  else:  # the closest miss: the most accurate cell, then the fastest
+    entry["figure"] = max(rows, key=lambda c: (c["num_correct"] if claim.exact else
+                                               _delta(c), speed(c)))
+  fig = entry["figure"]
+  met = [c for c in accurate if _meets(claim, c)]
+
+  if claim.premise_d2f_loss_points is not None:  # adaptive switching needs D2F to fail
+    if not d2f:
+      return done(NOT_MEASURED, "no d2f cell at batch 1: the premise (D2F alone loses "
+                  f"> {claim.premise_d2f_loss_points:g} points) is unmeasured")
+    best = max((compare(r, base, accuracy_task) for r in d2f),
+               key=lambda c: (_delta(c), speed(c)))
+    entry["premise"] = {"best_d2f_label": best["label"],
+                        "best_d2f_accuracy_delta_points": best["accuracy_delta_points"]}
+    loss = best["accuracy_delta_points"]
+    if loss is None or -loss <= claim.premise_d2f_loss_points:
+      return done(NOT_MEASURABLE, f"D2F alone loses only "
+                  f"{_fmt(None if loss is None else -loss, '.1f')} points ({best['label']}), "
+                  f"not > {claim.premise_d2f_loss_points:g}: this suite has no task where "
+                  "parallel commits fail, so switching has nothing to rescue",
+                  "best_d2f_accuracy_delta_points", loss)
+
+  if met:
+    fig = entry["figure"] = max(met, key=speed)
+    return done(MET, f"{len(met)} of {len(rows)} {claim.method} cells meet it; the figure is "
+                "the fastest", "speedup", fig["speedup"])
+  if not accurate:
+    what = (f"has {base_label}'s number of correct answers ({base.num_correct})"
+            if claim.exact else f"is within {claim.tolerance_points:g} points of {base_label}")
+    return done(NOT_MET, f"no {claim.method} cell {what}; closest: {fig['label']} at "
+                f"{_fmt(fig['accuracy_delta_points'], '+.1f')} points",
+                "accuracy_delta_points", fig["accuracy_delta_points"])
+
+  bar = claim.tokens_per_verifier_forward
+  if bar is not None:
+    per_prompt = base.response_tokens / max(base.num_prompts, 1)
+    if per_prompt < bar:
+      return done(NOT_MEASURABLE, f"answers average {per_prompt:.1f} response tokens, so no "
+                  f"decoder commits {bar:g} per verifier forward", "response_tokens_per_prompt",
+                  per_prompt)
+    widest = max((c.get("draft_length") or 0) for c in accurate)
+    if widest + 1 < bar:
+      return done(NOT_MEASURABLE, f"the widest draft in this run (k={widest}) commits at most "
+                  f"{widest + 1} tokens per verifier forward, below {bar:g}",
+                  "max_draft_length", widest)
+  # A decoder writing the baseline's tokens in ONE forward a prompt, at equal cost per forward.
+  ceiling = base.nfe_per_prompt
+  if not _fast_enough(claim, ceiling):
+    return done(NOT_MEASURABLE, f"{base_label} needs only {base.nfe_per_prompt:.1f} forwards "
+                f"per prompt here (G={entry['gen_length']}): even one forward per prompt at "
+                f"equal cost would give {ceiling:.2f}x, below {claim.speedup:g}x",
+                "one_forward_ceiling", ceiling)
+  algorithmic = max(accurate, key=lambda c: c["speedup_at_equal_forward_cost"] or 0.0)
+  if platform == "cpu" and _meets(claim, {**algorithmic,
+                                         "speedup": algorithmic["speedup_at_equal_forward_cost"]}):
+    entry["figure"] = algorithmic
+    return done(NOT_MEASURABLE, f"{algorithmic['label']} reaches "
+                f"{_x(algorithmic['speedup_at_equal_forward_cost'])} at equal cost per "
+                f"forward ({_x(algorithmic['nfe_ratio'])} fewer forwards), but each of its "
+                f"forwards costs {_x(algorithmic['forward_cost_ratio'])} {base_label}'s on "
+                "this CPU, giving "
+                f"{_x(algorithmic['speedup'])}; where a batch-1 forward is bound by weight "
+                "reads (an accelerator) that cost ratio tends to 1", "forward_cost_ratio",
+                algorithmic["forward_cost_ratio"])
+  extra = ""
+  if bar is not None:
+    extra = f", {_fmt(fig.get('tokens_per_verifier_forward'))} tokens per verifier forward"
+  return done(NOT_MET, f"best cell within tolerance, {fig['label']}: "
+              f"{_x(fig['speedup'])} {base_label} tokens/s{extra} "
+              f"({_x(fig['speedup_at_equal_forward_cost'])} at equal cost per forward)",
+              "speedup", fig["speedup"])
+
+
+def judge(results: Sequence[MethodResult], *, task: str, llada_label: str,
+          ar_label: str = "ar", platform: str = "cpu", claims=CLAIMS) -> dict:
+  """Judges every claim on the batch-1 cells of `results` (see the module docstring)."""
+  at1 = [r for r in results if r.batch_size == 1]
+  by_label = {r.label: r for r in at1}
+  labels = {"ar": ar_label, "llada": llada_label}
+  d2f = [r for r in at1 if r.method == "d2f"]
+  out = []
+  for claim in claims:
+    base_label = labels[claim.baseline]
+    cells = [r for r in at1 if r.method == claim.method]
+    out.append(_judge_claim(claim, cells, by_label.get(base_label), base_label, d2f,
+                            task=task, platform=platform))
+  return {"task": task, "ar": ar_label, "llada_vanilla": llada_label, "platform": platform,
+          "batch_size": 1, "claims": out}
+
+
+def recompute(doc: dict) -> dict:
+  """The verdict of a study JSON document, from its stored cells, config and machine."""
+  results = [MethodResult.from_json(row) for row in doc["results"]]
+  ev = doc["config"]["eval"]
+  return judge(results, task=ev["headline_task"], llada_label=ev["llada_vanilla_label"],
+               platform=doc["machine"]["platform"])
+
+
+def check_recomputes(doc: dict) -> None:
+  """Raises ValueError unless `doc["verdict"]`, after a JSON round trip, is exactly the
+  verdict its stored cells give (what a reader of study.json can check)."""
+  stored = json.loads(json.dumps(doc))
+  if recompute(stored) != stored.get("verdict"):
+    raise ValueError("the study JSON's verdict is not the one its stored cells give; "
+                     "rebuild it with verdict.recompute(doc).")
+
+
+def _cell_line(c: dict, base: str) -> str:
+  line = (f"      {c['label']}: {_x(c['speedup'])} {base} tokens/s "
+          f"({_x(c['speedup_median'])} by median times), accuracy "
+          f"{_fmt(c['accuracy_delta_points'], '+.1f')} points; "
+          f"{_x(c['nfe_ratio'])} fewer forwards, each {_x(c['forward_cost_ratio'])} a "
+          f"{base} forward's time, tokens {_x(c['tokens_ratio'])}")
+  if "tokens_per_verifier_forward" in c:
+    line += f"; {_fmt(c['tokens_per_verifier_forward'])} tokens per verifier forward"
+  return line
+
+
+def verdict_text(v: dict) -> str:
+  """The printed report: each claim's status, figure and reason, then its cells (each set of
+  cells once: the 10x and 50x LLaDA claims share theirs)."""
+  lines = [f"Claims checked at batch 1 (accuracy on {v['task']!r} unless noted; AR = "
+           f"{v['ar']!r}, vanilla LLaDA = {v['llada_vanilla']!r}, platform {v['platform']}):"]
+  shown = set()
+  for c in v["claims"]:
+    lines.append(f"  [{c['status'].upper()}] {c['text']}")
+    fig = c["figure"]
+    if fig is not None:
+      lines.append(f"    figure: {fig['label']}: {_x(fig['speedup'])}, accuracy "
+                   f"{_fmt(fig['accuracy_delta_points'], '+.1f')} points"
+                   + (f" (G={c['gen_length']})" if c["gen_length"] else ""))
+    lines.append(f"    {c['reason']}")
+    lines.append(f"    published: {c['published']}")
+    key = (c["method"], c["baseline"])
+    if c["cells"] and key not in shown:
+      shown.add(key)
+      lines.append(f"    every {c['method']} cell against {c['baseline']}:")
+      lines += [_cell_line(x, c["baseline"]) for x in c["cells"]]
+  return "\n".join(lines)

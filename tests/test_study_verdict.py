@@ -1,0 +1,232 @@
+"""The study's verdict: every claim judged from the measured cells, flipping exactly where a
+cell's accuracy or tokens/s crosses its threshold, and recomputable from the stored JSON."""
+
+import dataclasses
+import json
+
+import pytest
+
+from dllm_jax.study import accounting, verdict
+from dllm_jax.study.accounting import MethodResult
+
+TASK, LLADA = "arithmetic", "llada steps=G"
+N = 100  # prompts per cell: whole accuracy points
+
+
+def cell(label, method, correct, tokens, nfe, wall, *, loop_steps=None, setting=None,
+         per_task=None, n=N):
+  return MethodResult(method, label, dict(setting or {}), 1, n, correct, tokens, wall, 0.1, nfe,
+                      nfe if loop_steps is None else loop_steps,
+                      per_task or {TASK: [correct, n]}, wall)
+
+
+def scenario(**changes):
+  """AR 300 tok/s (31 forwards a prompt), vanilla LLaDA 30 tok/s (G = 32 forwards), a D2F
+  cell at 3.33x AR / 33.3x LLaDA and AR's accuracy, a fast D2F cell 30 points worse,
+  Fast-dLLM at 20x LLaDA, speculative at 2x AR with 6 tokens per verifier forward, and one
+  batch-16 cell the verdict must ignore. `changes`: label -> dict of fields to replace."""
+  rows = [
+      cell("ar", "ar", 90, 3000, 3100, 10.0),
+      cell(LLADA, "llada", 90, 3000, 3200, 100.0, setting={"gen_length": 32, "steps": 32}),
+      cell("d2f good", "d2f", 90, 3000, 400, 3.0),
+      cell("d2f fast", "d2f", 60, 3000, 200, 1.0),
+      cell("fast-dllm", "fast_dllm", 90, 3000, 600, 5.0),
+      cell("spec k=8", "speculative", 90, 3000, 1000, 5.0, loop_steps=500,
+           setting={"draft_length": 8}),
+      dataclasses.replace(cell("d2f b16", "d2f", 90, 3000, 40, 0.1), batch_size=16),
+  ]
+  out = []
+  for r in rows:
+    out.append(dataclasses.replace(r, **changes.get(r.label, {})))
+  return out
+
+
+def claims(rows, platform="cpu", **kw):
+  v = verdict.judge(rows, task=TASK, llada_label=LLADA, platform=platform, **kw)
+  return {c["id"]: c for c in v["claims"]}
+
+
+def test_every_claim_is_named_with_its_figure_and_split():
+  c = claims(scenario())
+  assert list(c) == [x.id for x in verdict.CLAIMS] == [
+      "d2f_vs_ar", "d2f_vs_llada_10x", "d2f_vs_llada_50x", "fast_dllm_vs_llada",
+      "lossless_hybrid", "adaptive_switching"]
+  assert {k: x["status"] for k, x in c.items()} == {
+      "d2f_vs_ar": "met", "d2f_vs_llada_10x": "met",
+      "d2f_vs_llada_50x": "not measurable here",  # 32 LLaDA forwards: ceiling 32x < 50x
+      "fast_dllm_vs_llada": "not met", "lossless_hybrid": "met",
+      "adaptive_switching": "not measured"}
+  ar = c["d2f_vs_ar"]
+  assert [x["label"] for x in ar["cells"]] == ["d2f good", "d2f fast"]  # batch 1 only
+  fig = ar["figure"]
+  assert fig["label"] == "d2f good" and fig["speedup"] == pytest.approx(1000 / 300)
+  assert fig["accuracy_delta_points"] == 0.0
+  assert fig["nfe_ratio"] == pytest.approx(31 / 4) and fig["tokens_ratio"] == 1.0
+  for x in ar["cells"] + c["d2f_vs_llada_10x"]["cells"] + c["lossless_hybrid"]["cells"]:
+    assert x["speedup"] == pytest.approx(
+        x["tokens_ratio"] * x["nfe_ratio"] / x["forward_cost_ratio"])
+  assert ar["threshold"]["speedup"] == 2.5 and ar["threshold"]["accuracy_tolerance_points"] == 2
+  assert c["d2f_vs_llada_10x"]["figure"]["speedup"] == pytest.approx(1000 / 30)
+  assert c["d2f_vs_llada_10x"]["gen_length"] == 32  # LLaDA's G is named
+  fifty = c["d2f_vs_llada_50x"]
+  assert fifty["deciding_factor"] == {"name": "one_forward_ceiling", "value": 32.0}
+  assert "needs only 32.0 forwards" in fifty["reason"]
+  fast = c["fast_dllm_vs_llada"]  # 20x; even at equal forward cost only 320/60 = 5.3x
+  assert fast["figure"]["speedup"] == pytest.approx(20.0)
+  assert fast["deciding_factor"]["name"] == "speedup"
+  spec = c["lossless_hybrid"]["figure"]
+  assert spec["tokens_per_verifier_forward"] == 6.0 and spec["speedup"] == pytest.approx(2.0)
+  assert c["adaptive_switching"]["reason"] == "no adaptive cell at batch 1 in this run"
+  text = verdict.verdict_text(verdict.judge(scenario(), task=TASK, llada_label=LLADA))
+  for x in c.values():
+    assert f"[{x['status'].upper()}] {x['text']}" in text
+  assert text.count("      d2f good:") == 2  # once against AR, once against LLaDA (10x = 50x)
+
+
+def test_d2f_vs_ar_flips_at_its_speed_threshold():
+  """At 4.0 s D2F runs exactly 2.5x AR. At 4.1 s it runs 2.44x, yet with 7.75x fewer
+  forwards: on a CPU the wider forward's cost decides it (not measurable here, with that
+  cost ratio); on another platform it is simply not met."""
+  assert claims(scenario(**{"d2f good": {"wall_s": 4.0}}))["d2f_vs_ar"]["status"] == "met"
+  c = claims(scenario(**{"d2f good": {"wall_s": 4.1}}))["d2f_vs_ar"]
+  assert c["status"] == "not measurable here"
+  assert c["deciding_factor"]["name"] == "forward_cost_ratio"
+  assert c["deciding_factor"]["value"] == pytest.approx((4.1 / 400) / (10.0 / 3100))
+  other = claims(scenario(**{"d2f good": {"wall_s": 4.1}}), platform="gpu")["d2f_vs_ar"]
+  assert other["status"] == "not met" and other["deciding_factor"]["name"] == "speedup"
+  assert other["figure"]["speedup"] == pytest.approx(3000 / 4.1 / 300)
+
+
+def test_d2f_vs_ar_not_met_when_the_forwards_alone_miss():
+  """2.44x AR with 1400 forwards: 2.2x at equal cost per forward, so no hardware could give
+  2.5x: not met even on a CPU."""
+  c = claims(scenario(**{"d2f good": {"nfe": 1400, "loop_steps": 1400, "wall_s": 4.1}})
+             )["d2f_vs_ar"]
+  assert c["status"] == "not met" and c["figure"]["speedup_at_equal_forward_cost"] < 2.5
+
+
+@pytest.mark.parametrize("correct,status", [(88, "met"), (87, "not met")])
+def test_d2f_claims_flip_at_two_accuracy_points(correct, status):
+  c = claims(scenario(**{"d2f good": {"num_correct": correct,
+                                      "per_task": {TASK: [correct, N]}}}))
+  for claim in ("d2f_vs_ar", "d2f_vs_llada_10x"):
+    assert c[claim]["status"] == status, claim
+    if status == "not met":  # the closest miss is shown with its accuracy delta
+      assert c[claim]["figure"]["label"] == "d2f good"
+      assert c[claim]["deciding_factor"] == {"name": "accuracy_delta_points", "value": -3.0}
+
+
+def test_vs_llada_claims_flip_at_ten_and_fifty():
+  assert claims(scenario(**{"d2f good": {"wall_s": 10.0}}))["d2f_vs_llada_10x"]["status"] == \
+      "met"  # exactly 10x
+  c = claims(scenario(**{"d2f good": {"wall_s": 10.5}}))["d2f_vs_llada_10x"]
+  assert c["status"] == "not met"  # 9.5x; 8x fewer forwards: no CPU excuse
+  # A longer G (LLaDA runs 64 forwards a prompt) makes 50x reachable, and a cell reaching it
+  # meets it.
+  long_llada = {"nfe": 6400, "wall_s": 200.0, "setting": {"gen_length": 64, "steps": 64}}
+  slow = {"wall_s": 5.0, "nfe": 100, "loop_steps": 100}  # 40x, but 64x fewer forwards
+  c = claims(scenario(**{LLADA: long_llada, "d2f good": slow}))["d2f_vs_llada_50x"]
+  assert c["status"] == "not measurable here"
+  assert c["figure"]["speedup"] == pytest.approx(40.0)
+  assert c["figure"]["speedup_at_equal_forward_cost"] == pytest.approx(64.0)
+  c = claims(scenario(**{LLADA: long_llada, "d2f good": {"wall_s": 1.2}}))["d2f_vs_llada_50x"]
+  assert c["status"] == "met" and c["figure"]["speedup"] == pytest.approx(2500 / 15)
+  assert c["gen_length"] == 64
+
+
+def test_fast_dllm_flips_at_its_anchor():
+  # 3000 tokens at 30 tok/s: 27.6x is 828 tok/s, i.e. wall 3000 / 828 s.
+  c = claims(scenario(**{"fast-dllm": {"wall_s": 3000 / 828}}))["fast_dllm_vs_llada"]
+  assert c["status"] == "met" and c["figure"]["speedup"] == pytest.approx(27.6)
+  c = claims(scenario(**{"fast-dllm": {"wall_s": 3000 / 820}}))["fast_dllm_vs_llada"]
+  assert c["status"] == "not met"
+
+
+def test_lossless_hybrid_needs_exact_accuracy_tokens_per_verifier_forward_and_speed():
+  c = claims(scenario(**{"spec k=8": {"num_correct": 89, "per_task": {TASK: [89, N]}}}))
+  assert c["lossless_hybrid"]["status"] == "not met"
+  assert "has ar's number of correct answers (90)" in c["lossless_hybrid"]["reason"]
+  c = claims(scenario(**{"spec k=8": {"loop_steps": 600}}))["lossless_hybrid"]
+  assert c["status"] == "met" and c["figure"]["tokens_per_verifier_forward"] == 5.0
+  c = claims(scenario(**{"spec k=8": {"loop_steps": 601}}))["lossless_hybrid"]
+  assert c["status"] == "not met"  # 4.99 tokens per verifier forward
+  c = claims(scenario(**{"spec k=8": {"wall_s": 10.0 / 1.2}}))["lossless_hybrid"]
+  assert c["status"] == "met" and c["figure"]["speedup"] == pytest.approx(1.2)
+  slow = {"spec k=8": {"wall_s": 9.0}}  # 1.11x, yet 3.1x fewer forwards
+  assert claims(scenario(**slow))["lossless_hybrid"]["status"] == "not measurable here"
+  assert claims(scenario(**slow), platform="gpu")["lossless_hybrid"]["status"] == "not met"
+  # Short answers: 2.5 response tokens a prompt can never make 5 per verifier forward.
+  short = {label: {"response_tokens": 250} for label in ("ar", "spec k=8")}
+  c = claims(scenario(**short))["lossless_hybrid"]
+  assert c["status"] == "not measurable here"
+  assert c["deciding_factor"] == {"name": "response_tokens_per_prompt", "value": 2.5}
+  # A draft of 3 tokens commits at most 4 per verifier forward.
+  c = claims(scenario(**{"spec k=8": {"setting": {"draft_length": 3}, "loop_steps": 800}}))
+  assert c["lossless_hybrid"]["deciding_factor"] == {"name": "max_draft_length", "value": 3}
+
+
+def mixed(adaptive_correct=89, adaptive_wall=5.0, d2f_correct=80, platform="cpu"):
+  """A two-task suite: D2F loses 10 points overall, adaptive switching 1, at 2x AR."""
+  def split(c):
+    return {"arithmetic": [50, 50], "parity": [c - 50, 50]}
+  rows = [cell("ar", "ar", 90, 3000, 3100, 10.0, per_task=split(90)),
+          cell("d2f", "d2f", d2f_correct, 3000, 400, 2.0, per_task=split(d2f_correct)),
+          cell("adaptive", "adaptive", adaptive_correct, 3000, 2000, adaptive_wall,
+               per_task=split(adaptive_correct))]
+  return claims(rows, platform=platform)["adaptive_switching"]
+
+
+def test_adaptive_switching_flips_on_accuracy_speed_and_its_premise():
+  c = mixed()
+  assert c["status"] == "met" and c["accuracy_on"] == "all tasks"
+  assert c["premise"] == {"best_d2f_label": "d2f", "best_d2f_accuracy_delta_points": -10.0}
+  assert mixed(adaptive_correct=88)["status"] == "not met"
+  assert mixed(adaptive_wall=10.0, platform="gpu")["status"] == "not met"  # not faster
+  assert mixed(adaptive_wall=10.0)["status"] == "not measurable here"  # 1.55x fewer forwards
+  c = mixed(d2f_correct=85)  # D2F alone loses exactly 5: nothing to rescue
+  assert c["status"] == "not measurable here"
+  assert c["deciding_factor"] == {"name": "best_d2f_accuracy_delta_points", "value": -5.0}
+  assert mixed(d2f_correct=84)["status"] == "met"
+
+
+def test_absent_cells_are_not_measured_never_a_crash():
+  c = claims([cell("ar", "ar", 90, 3000, 3100, 10.0)])
+  assert {x["status"] for x in c.values()} == {"not measured"}
+  assert c["lossless_hybrid"]["reason"] == "no speculative cell at batch 1 in this run"
+  c = claims([r for r in scenario() if r.label != LLADA])
+  assert c["d2f_vs_llada_10x"]["status"] == "not measured"
+  assert c["d2f_vs_llada_10x"]["reason"] == f"no baseline cell {LLADA!r} at batch 1 in this run"
+  assert c["d2f_vs_ar"]["status"] == "met"
+  assert verdict.judge([], task=TASK, llada_label=LLADA)["claims"][0]["status"] == \
+      "not measured"
+  text = verdict.verdict_text(verdict.judge([], task=TASK, llada_label=LLADA))
+  assert text.count("[NOT MEASURED]") == len(verdict.CLAIMS)
+
+
+def test_speedup_split_into_forwards_and_forward_cost():
+  """AR: 300 tokens in 310 forwards, 1.0 s; D2F: 300 tokens in 62 forwards, 0.5 s. So D2F
+  runs 5x fewer forwards, each 2.5x the time (0.5/62 s vs 1/310 s): speedup 2.0 = 5 / 2.5."""
+  rows = [cell("ar", "ar", 10, 300, 310, 1.0, n=10), cell("d2f", "d2f", 10, 300, 62, 0.5, n=10)]
+  (x,) = claims(rows)["d2f_vs_ar"]["cells"]
+  assert x["speedup"] == pytest.approx(2.0) and x["nfe_ratio"] == pytest.approx(5.0)
+  assert x["forward_cost_ratio"] == pytest.approx(2.5)
+  assert x["speedup_at_equal_forward_cost"] == pytest.approx(5.0)
+  text = verdict.verdict_text(verdict.judge(rows, task=TASK, llada_label=LLADA))
+  assert "5.00x fewer forwards, each 2.50x a ar forward's time" in text
+
+
+def test_stored_verdict_recomputes_from_the_stored_cells():
+  rows = scenario()
+  doc = accounting.results_json(
+      rows, machine={"platform": "cpu"},
+      config={"eval": {"headline_task": TASK, "llada_vanilla_label": LLADA}},
+      extra={"verdict": verdict.judge(rows, task=TASK, llada_label=LLADA, platform="cpu")})
+  stored = json.loads(json.dumps(doc))
+  assert verdict.recompute(stored) == stored["verdict"]
+  verdict.check_recomputes(doc)
+  # A cell edited after the fact (or a verdict written by hand) no longer matches.
+  row = next(r for r in stored["results"] if r["label"] == "d2f good")
+  row["num_correct"], row["per_task"] = 80, {TASK: [80, N]}
+  assert verdict.recompute(stored)["claims"][0]["status"] == "not met"
+  with pytest.raises(ValueError, match="not the one its stored cells give"):
+    verdict.check_recomputes(stored)
