@@ -8,6 +8,10 @@
       --method d2f --prompt "What is 12 * 34?" --gen_length 256 --opt block_length=32
   python -m dllm_jax.generate --model /tmp/dllm_jax_runs/mdm_tiny --method llada --prompt "12+34="
 
+  # speculative decoding: an AR target verifies a drafter's tokens (same tokenizer)
+  python -m dllm_jax.generate --model /ckpt/target --method speculative \
+      --drafter_model /ckpt/drafter --opt drafter=ar --opt draft_length=4 --prompt "12+34="
+
   # random weights of a preset (a smoke test of a decoder; the text is noise)
   python -m dllm_jax.generate --preset tiny --method llada --prompt hello --gen_length 16
 
@@ -32,7 +36,7 @@ import jax
 import numpy as np
 
 from dllm_jax import decoding
-from dllm_jax.sampler import Sampler
+from dllm_jax.sampler import Sampler, load_drafter, takes_drafter
 
 DEFAULT_GEN_LENGTH = 256       # HF / converted checkpoints (a run or the demo bring their own)
 DEFAULT_PRESET_GEN_LENGTH = 32
@@ -83,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--step", type=int, help="checkpoint step of a training workdir (default: "
                  "the latest)")
   p.add_argument("--method", default="d2f", help=f"one of {sorted(decoding.METHODS)}")
+  p.add_argument("--drafter_model",
+                 help="the drafter checkpoint (any --model kind) of a method that drafts with "
+                      "a second model (speculative, adaptive); speculative's drafter kind is "
+                      "--opt drafter=ar|d2f|block_diffusion")
   p.add_argument("--prompt", action="append", required=True,
                  help="prompt text; repeat for a batch")
   p.add_argument("--no_chat_template", action="store_true",
@@ -138,6 +146,8 @@ def _preset_sampler(args, mesh, options) -> Sampler:
   if tok.vocab_size < cfg.vocab_size:  # never propose an id the tokenizer cannot decode
     cfg = cfg.replace(active_vocab_size=tok.vocab_size)
   options.setdefault("gen_length", DEFAULT_PRESET_GEN_LENGTH)
+  if args.drafter_model is not None:
+    options.update(load_drafter(args.drafter_model, args.method, options, mesh=mesh))
   return Sampler(params, cfg, tok, args.method, mesh=mesh, **options)
 
 
@@ -146,6 +156,12 @@ def make_sampler(args) -> Sampler:
   if args.method not in decoding.METHODS:
     raise UsageError(f"--method {args.method!r} is unknown; use one of "
                      f"{sorted(decoding.METHODS)}.")
+  if takes_drafter(args.method) and args.drafter_model is None:
+    raise UsageError(f"--method {args.method} drafts with a second model: pass "
+                     "--drafter_model DIR (a checkpoint sharing the target's tokenizer).")
+  if args.drafter_model is not None and not takes_drafter(args.method):
+    raise UsageError(f"--drafter_model applies to --method speculative or adaptive, not "
+                     f"{args.method}.")
   mesh = _mesh(args.mesh)
   options = dict(args.opt)
   if args.gen_length is not None:
@@ -154,7 +170,8 @@ def make_sampler(args) -> Sampler:
     return _preset_sampler(args, mesh, options)
   path, kind = (args.workdir, "workdir") if args.workdir else (args.model, "auto")
   sampler = Sampler.load(path, args.method, kind=kind, dtype=args.dtype, adapter=args.adapter,
-                         merge_lora=args.merge_lora, step=args.step, mesh=mesh, **options)
+                         merge_lora=args.merge_lora, step=args.step, mesh=mesh,
+                         drafter_model=args.drafter_model, **options)
   if "gen_length" not in sampler.options:
     sampler = sampler.replace(gen_length=DEFAULT_GEN_LENGTH)
   return sampler

@@ -21,12 +21,18 @@ detokenized without special tokens, and cut before the first `stop` string.
   a converted dir model_config.json + params/ (checkpoints.save_converted) + tokenizer.json
   a training run  a workdir of `training.trainer.train` (config.json + checkpoints/), with the
                   run's tokenizer and prompt layout, and its decode settings as defaults
+
+Methods that draft with a second model ("speculative", "adaptive") take it as the options
+drafter_params / drafter_cfg, or load it from any of the same kinds of path:
+
+    Sampler.load(target_dir, method="speculative", drafter_model=drafter_dir, drafter="ar")
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -139,6 +145,10 @@ class Sampler:
   def __init__(self, params, cfg: ModelConfig, tokenizer, method: str = "d2f", *,
                prompt_len: int | None = None, mesh=None, **options):
     decoding.api.check_options(method, options)  # also rejects an unknown method
+    if takes_drafter(method) and (options.get("drafter_params") is None
+                                  or options.get("drafter_cfg") is None):
+      raise ValueError(f"method {method!r} drafts with a second model: pass drafter_params= "
+                       "and drafter_cfg=, or Sampler.load(..., drafter_model=<dir>).")
     for name, value in (("params", params), ("cfg", cfg), ("tokenizer", tokenizer),
                         ("method", method), ("options", dict(options)),
                         ("prompt_len", prompt_len), ("mesh", mesh)):
@@ -157,7 +167,7 @@ class Sampler:
   @classmethod
   def load(cls, path, method: str = "d2f", *, kind: str = "auto", dtype: str | None = None,
            adapter=None, merge_lora: bool = False, step: int | None = None, mesh=None,
-           **options) -> "Sampler":
+           drafter_model=None, **options) -> "Sampler":
     """A sampler for a checkpoint directory or "demo" (see the module docstring).
 
     Args:
@@ -168,13 +178,24 @@ class Sampler:
       adapter, merge_lora: a PEFT LoRA adapter for a HF checkpoint (load_pretrained).
       step: the checkpoint step of a training workdir (default: latest).
       mesh: decode on this mesh (parameters placed on it at load).
+      drafter_model: for a method that drafts with a second model ("speculative",
+        "adaptive"): its path (any kind above, detected; HF weights in `dtype`), passed as
+        drafter_params / drafter_cfg. It must share the target's tokenizer (checked on the
+        ids when decoding).
       **options: decoder options; they override the defaults a run or the demo provides.
     """
     from dllm_jax import loading  # the file formats; kept apart from the sampling logic
+    if drafter_model is not None and not takes_drafter(method):
+      drafted = [m for m in decoding.METHODS if takes_drafter(m)]
+      raise ValueError(f"drafter_model applies to methods that draft with a second model "
+                       f"({', '.join(drafted)}), not {method!r}.")
     model = loading.load_model(path, method, kind=kind, dtype=dtype, adapter=adapter,
                                merge_lora=merge_lora, step=step, mesh=mesh)
+    options = {**model.options(method), **options}
+    if drafter_model is not None:
+      options.update(load_drafter(drafter_model, method, options, dtype=dtype, mesh=mesh))
     return cls(model.params, model.cfg, model.tokenizer, method, prompt_len=model.prompt_len,
-               mesh=mesh, **{**model.options(method), **options})
+               mesh=mesh, **options)
 
   # --- encoding ---
 
@@ -272,6 +293,23 @@ class Sampler:
         yield deltas[0] if single else deltas
 
 
+def takes_drafter(method: str) -> bool:
+  """Whether `method` drafts with a second model (it takes drafter_params / drafter_cfg)."""
+  return "drafter_params" in decoding.api.option_names(method)
+
+
+def load_drafter(path, method: str, options: Mapping, *, dtype: str | None = None,
+                 mesh=None) -> dict:
+  """{"drafter_params", "drafter_cfg"} of the drafter checkpoint at `path` ("demo" or any
+  directory kind `loading` detects; HF weights in `dtype`), for `method` with `options`."""
+  from dllm_jax import loading
+  # It loads as the kind it drafts as: speculative's `drafter` option, else (adaptive) D2F.
+  as_method = options.get("drafter", "d2f") if method == "speculative" else "d2f"
+  hf = str(path) != "demo" and loading.detect_kind(Path(path)) == "hf"
+  drafter = loading.load_model(path, as_method, mesh=mesh, dtype=dtype if hf else None)
+  return {"drafter_params": drafter.params, "drafter_cfg": drafter.cfg}
+
+
 def _final_delta(final: str, shown: str) -> str:
   if not final.startswith(shown):  # a tokenizer whose prefixes decode unstably
     raise RuntimeError(f"streamed text {shown!r} is not a prefix of the final text {final!r}; "
@@ -319,4 +357,4 @@ def _key(rng, seed):
 
 
 __all__ = ["Sampler", "SampleOutput", "cut_at_stop", "decode_text", "encode_chat",
-           "encode_text"]
+           "encode_text", "load_drafter", "takes_drafter"]

@@ -2,7 +2,9 @@
 (one compile per sweep), NaN options rejected, non-finite logits flagged, batch-invariant
 ranking and params left in place on a mesh.
 
-Each test runs every method on the tiny model with short answers (G = 8 or 16).
+Each test runs every method on the tiny model with short answers (G = 8 or 16). The hybrids
+(speculative, adaptive) draft with a second random tiny model (`drafter`); selfspec drafts
+with the model itself.
 """
 
 import flax.linen as nn
@@ -25,7 +27,16 @@ RUNS = {
     "fast_dllm": dict(gen_length=16, block_length=8, threshold=0.5, cache="dual"),
     "d2f": dict(gen_length=16, block_length=4, tau_add=0.5, tau_act=0.5, tau_conf=0.7),
     "block_diffusion": dict(gen_length=16, block_length=4, steps_per_block=2),
+    # Greedy, so a padded batch equals each prompt alone (sampling keys follow the row index).
+    "speculative": dict(gen_length=8, drafter="ar", draft_length=4),
+    "selfspec": dict(gen_length=8, draft_length=3),
+    # The three prompts' first-block confidences are 0.67, 0.65 and 0.50: one row per mode.
+    "adaptive": dict(gen_length=8, draft_length=3, parallel_confidence=0.66,
+                     ar_confidence=0.55),
 }
+HYBRIDS = ("speculative", "selfspec", "adaptive")
+DRAFTED = ("speculative", "adaptive")  # the methods that take drafter_params / drafter_cfg
+CORE = [m for m in api.METHODS if m not in HYBRIDS]
 FIELDS = ("tokens", "lengths", "nfe", "steps", "committed", "done", "finite")
 
 
@@ -42,6 +53,19 @@ def init_model():
   return cfg, nn.unbox(init_params(cfg, jax.random.key(0)))
 
 
+@pytest.fixture(scope="module")
+def drafter(model):
+  """A second random tiny model (the same tokenizer): its drafts are often rejected."""
+  cfg, _ = model
+  return random_params(cfg, seed=1)
+
+
+def run_options(method, cfg, drafter_params, **overrides):
+  """RUNS[method] with the drafter added for the methods that take one."""
+  extra = dict(drafter_params=drafter_params, drafter_cfg=cfg) if method in DRAFTED else {}
+  return {**RUNS[method], **extra, **overrides}
+
+
 def assert_same_output(a, b, msg=""):
   for f in FIELDS:
     np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)),
@@ -51,11 +75,12 @@ def assert_same_output(a, b, msg=""):
 # ----------------------------------------------------------------------------- streaming
 
 @pytest.mark.parametrize("method", list(RUNS))
-def test_stream_replays_generate_for_every_method(model, method):
+def test_stream_replays_generate_for_every_method(model, drafter, method):
   cfg, params = model
   rng = jax.random.key(4)
-  events = list(streaming.stream(params, cfg, PROMPTS, method=method, rng=rng, **RUNS[method]))
-  fused = api.generate(params, cfg, PROMPTS, method=method, rng=rng, **RUNS[method])
+  options = run_options(method, cfg, drafter)
+  events = list(streaming.stream(params, cfg, PROMPTS, method=method, rng=rng, **options))
+  fused = api.generate(params, cfg, PROMPTS, method=method, rng=rng, **options)
   assert all(e.output is None for e in events[:-1])
   assert_same_output(events[-1].output, fused, method)
   new = np.stack([e.new for e in events]).astype(int)
@@ -63,29 +88,28 @@ def test_stream_replays_generate_for_every_method(model, method):
   np.testing.assert_array_equal(new.sum(0).astype(bool), events[-1].decided)
   for e in events:  # one event per forward, each committing something in a live row
     assert e.new.any(), (method, e.step)
-  assert len(events) == int(fused.nfe)
-
-
-# The hybrid decoders (speculative, selfspec, adaptive) joined after this contract: they do
-# not yet have the step interface streaming needs, an on_nonfinite option (adaptive has one)
-# or a block length (their block is the draft, `draft_length`). Every other method must meet
-# all of it.
-HYBRIDS = ("speculative", "selfspec", "adaptive")
-CORE = [m for m in api.METHODS if m not in HYBRIDS]
+  # A hybrid's event is a round (drafter forwards + one verifying forward): steps, not nfe.
+  assert len(events) == int(fused.steps if method in HYBRIDS else fused.nfe)
+  assert [e.step for e in events] == list(range(len(events)))
+  if method == "adaptive":
+    np.testing.assert_array_equal(fused.modes, [0, 1, 2])  # parallel, verify, AR
 
 
 def test_stream_lists_every_method():
-  assert set(streaming._STREAMERS) == set(CORE)
+  assert set(streaming._STREAMERS) == set(api.METHODS) == set(RUNS)
 
 
 # ----------------------------------------------------------------------------- vocabulary
 
 def test_every_block_method_calls_it_block_length():
-  for method in CORE:
+  """Every method shares gen_length, temperature and on_nonfinite; the block methods call
+  their block block_length (a hybrid's block is its draft: draft_length)."""
+  for method in api.METHODS:
     names = api.option_names(method)
     assert "gen_length" in names and "temperature" in names and "on_nonfinite" in names
     assert "block_size" not in names
-    assert ("block_length" in names) == (method != "ar"), method
+    assert ("block_length" in names) == (method not in ("ar",) + HYBRIDS), method
+    assert ("draft_length" in names) == (method in HYBRIDS), method
 
 
 @pytest.mark.parametrize("method", ["d2f", "block_diffusion", "llada", "fast_dllm"])
@@ -103,13 +127,15 @@ def test_old_block_size_spelling_says_use_block_length(method):
 @pytest.mark.parametrize("method", list(RUNS))
 def test_shared_defaults_and_one_window_check(method):
   """Defaults: gen_length 128 and block_length 32 everywhere; the one window check names
-  the largest gen_length that fits (a multiple of block_length)."""
-  fix = (r"pass gen_length=122 or less\." if method == "ar" else
+  the largest gen_length that fits (a multiple of block_length; a hybrid has none)."""
+  tokenwise = method == "ar" or method in HYBRIDS
+  fix = (r"pass gen_length=122 or less\." if tokenwise else
          r"pass gen_length=120 or less \(a multiple of block_length=8\)")
+  extra = ({} if method == "ar" else dict(drafter_params={}, drafter_cfg=get_preset("tiny"))
+           if method in DRAFTED else {} if tokenwise else {"block_length": 8})
   with pytest.raises(ValueError, match=r"\(6\) \+ gen_length \(128\).*max_seq_len=128.*" + fix):
-    api.generate(None, get_preset("tiny"), [[5] * 6], method=method,
-                 **({} if method == "ar" else {"block_length": 8}))
-  if method != "ar":  # the default block_length 32
+    api.generate(None, get_preset("tiny"), [[5] * 6], method=method, **extra)
+  if not tokenwise:  # the default block_length 32
     with pytest.raises(ValueError, match=r"pass gen_length=96 or less"):
       api.generate(None, get_preset("tiny"), [[5] * 6], method=method)
 
@@ -133,11 +159,17 @@ NAN_OPTIONS = {
     "fast_dllm": ["temperature", "threshold", "factor"],
     "d2f": ["temperature", "tau_add", "tau_act", "tau_conf"],
     "block_diffusion": ["temperature"],
+    "speculative": ["temperature", "top_p"],
+    "selfspec": ["temperature", "top_p"],
+    "adaptive": ["temperature", "top_p", "parallel_confidence", "ar_confidence",
+                 "min_acceptance"],
 }
 INF_OPTIONS = {
     "ar": ["temperature"], "llada": ["temperature", "alg_temp", "cfg_scale"],
     "dream": ["alg_temp"], "fast_dllm": ["temperature", "factor"],
     "d2f": ["temperature", "tau_add", "tau_act"], "block_diffusion": ["temperature"],
+    "speculative": ["temperature"], "selfspec": ["temperature"],
+    "adaptive": ["temperature", "min_acceptance"],
 }
 
 
@@ -221,20 +253,46 @@ def _nan_params(params):
   return jax.tree_util.tree_map_with_path(poison, params)
 
 
+# Adaptive: no row may commit in parallel from round 0 on (such a row never runs the target).
+# The thresholds are traced: the same program as RUNS["adaptive"].
+TARGET_USED = {"adaptive": dict(parallel_confidence=2.0)}
+
+
 @pytest.mark.parametrize("method", list(RUNS))
-def test_nonfinite_logits_raise_a_named_error_or_flag_the_rows(model, method):
+def test_nonfinite_logits_raise_a_named_error_or_flag_the_rows(model, drafter, method):
   cfg, params = model
   bad = _nan_params(params)
+  options = run_options(method, cfg, drafter, **TARGET_USED.get(method, {}))
   with pytest.raises(decoding.NonFiniteLogitsError, match=r"row\(s\) \[0, 1, 2\]"):
-    api.generate(bad, cfg, PROMPTS, method=method, **RUNS[method])
-  out = api.generate(bad, cfg, PROMPTS, method=method, on_nonfinite="flag", **RUNS[method])
+    api.generate(bad, cfg, PROMPTS, method=method, **options)
+  out = api.generate(bad, cfg, PROMPTS, method=method, on_nonfinite="flag", **options)
   np.testing.assert_array_equal(out.finite, False)
   np.testing.assert_array_equal(out.lengths, 0)
   np.testing.assert_array_equal(out.tokens, base.output_pad_id(cfg))
   with pytest.raises(decoding.NonFiniteLogitsError):
-    list(streaming.stream(bad, cfg, PROMPTS, method=method, **RUNS[method]))
-  good = api.generate(params, cfg, PROMPTS, method=method, **RUNS[method])
+    list(streaming.stream(bad, cfg, PROMPTS, method=method, **options))
+  good = api.generate(params, cfg, PROMPTS, method=method, **options)
   np.testing.assert_array_equal(good.finite, True)
+
+
+@pytest.mark.parametrize("method", DRAFTED)
+def test_a_nonfinite_drafter_flags_the_rows_it_drafted_for(model, drafter, method):
+  """A drafter's NaN logits flag the rows like the target's (its drafts mean nothing)."""
+  cfg, params = model
+  options = run_options(method, cfg, _nan_params(drafter))
+  with pytest.raises(decoding.NonFiniteLogitsError, match=r"row\(s\) \[0, 1, 2\]"):
+    api.generate(params, cfg, PROMPTS, method=method, **options)
+  out = api.generate(params, cfg, PROMPTS, method=method, on_nonfinite="flag", **options)
+  np.testing.assert_array_equal(out.finite, False)
+  np.testing.assert_array_equal(out.lengths, 0)
+  np.testing.assert_array_equal(out.tokens, base.output_pad_id(cfg))
+  if method == "adaptive":  # rows told to decode plain AR never run the drafter
+    out = api.generate(params, cfg, PROMPTS, method=method, on_nonfinite="flag",
+                       **{**options, "task_modes": {"math": "ar", "chat": "auto"},
+                          "tasks": ["math", "chat", "math"]})
+    np.testing.assert_array_equal(out.finite, [True, False, True])
+    good = api.generate(params, cfg, PROMPTS, method="ar", gen_length=8)
+    np.testing.assert_array_equal(out.tokens[::2], good.tokens[::2])
 
 
 def test_bad_on_nonfinite_value():
@@ -269,6 +327,22 @@ def test_a_row_alone_equals_the_row_in_a_batch_of_four(init_model, name):
   for i, prompt in enumerate(FOUR):
     one = api.generate(params, cfg, [prompt], method=method, **INVARIANCE[name])
     np.testing.assert_array_equal(np.asarray(one.tokens)[0], many[i], err_msg=f"row {i}")
+
+
+@pytest.mark.parametrize("method", HYBRIDS)
+def test_a_padded_batch_equals_each_prompt_alone(model, drafter, method):
+  """generate pads three prompts to the batch bucket of four (the padding row flagged and
+  dropped); each row equals its prompt decoded alone."""
+  cfg, params = model
+  options = run_options(method, cfg, drafter)
+  many = api.generate(params, cfg, PROMPTS, method=method, **options)
+  assert many.tokens.shape == (3, options["gen_length"])
+  np.testing.assert_array_equal(many.finite, True)
+  for i, prompt in enumerate(PROMPTS):
+    one = api.generate(params, cfg, [prompt], method=method, **options)
+    for f in ("tokens", "lengths", "committed", "done", "finite"):
+      np.testing.assert_array_equal(np.asarray(getattr(one, f))[0],
+                                    np.asarray(getattr(many, f))[i], err_msg=f"row {i} {f}")
 
 
 def test_rank_scores_break_near_ties_by_slot():

@@ -85,6 +85,32 @@ def test_cli_generates_with_adapter(llada_dir, capsys, method, opts):
   assert report["nfe"] == int(out.nfe)
 
 
+def test_cli_speculative_with_a_drafter_model(llada_dir, capsys):
+  """--drafter_model loads the drafter; the answer is `decoding.generate`'s (greedy: the
+  target's AR tokens); a drafting method without a drafter is a one-line error."""
+  model = str(llada_dir / "model")
+  argv = ["--model", model, "--method", "speculative", "--prompt", "What is a module?",
+          "--gen_length", "8", "--dtype", "float32", "--json", "--opt", "drafter=ar",
+          "--opt", "draft_length=2"]
+  assert generate.main(argv + ["--drafter_model", model]) == 0
+  report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  cfg, params = checkpoints.load_pretrained(llada_dir / "model", dtype="float32")
+  tok = checkpoints.load_tokenizer(llada_dir / "model")
+  prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is a module?"}]),
+                      add_special_tokens=False)
+  out = decoding.generate(params, cfg, [prompt], method="speculative", gen_length=8,
+                          drafter="ar", draft_length=2, drafter_params=params, drafter_cfg=cfg)
+  ar = decoding.generate(params, cfg, [prompt], method="ar", gen_length=8)
+  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  assert report["answers"] == [tok.decode(np.asarray(out.tokens[0, :out.lengths[0]]).tolist(),
+                                          skip_special_tokens=True)]
+  assert report["nfe"] == int(out.nfe)
+  _fails(capsys, argv, "--method speculative drafts with a second model", "--drafter_model")
+  _fails(capsys, argv[:3] + ["adaptive"] + argv[4:], "--method adaptive", "--drafter_model")
+  _fails(capsys, ["--model", model, "--method", "llada", "--prompt", "x", "--drafter_model",
+                  model], "--drafter_model applies to --method speculative or adaptive")
+
+
 def test_parse_value():
   parse = generate.parse_value
   assert parse("4") == 4 and isinstance(parse("4"), int)

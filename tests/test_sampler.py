@@ -120,6 +120,32 @@ def test_stream_deltas_add_up_to_the_text(model, method):
     assert "".join(pieces) == sampler.sample(PROMPTS[0], seed=2, stop=[stop])
 
 
+def test_speculative_sampler_gives_generate_tokens_and_streams(model):
+  """A drafting method through the Sampler (the drafter as options): the tokens of
+  `decoding.generate`, which greedy speculative decoding makes AR's; the stream adds up."""
+  params, cfg, tok = model
+  opts = dict(gen_length=G, drafter="ar", draft_length=3, drafter_params=params,
+              drafter_cfg=cfg)
+  sampler = Sampler(params, cfg, tok, "speculative", **opts)
+  result = sampler.sample(PROMPTS, seed=5, return_output=True)
+  tokens, valid = sampler.encode(PROMPTS)
+  ref = decoding.generate(params, cfg, (tokens, valid), method="speculative",
+                          rng=jax.random.key(5), **opts)
+  np.testing.assert_array_equal(result.tokens, np.asarray(ref.tokens))
+  np.testing.assert_array_equal(result.lengths, np.asarray(ref.lengths))
+  assert result.nfe == int(ref.nfe)
+  ar = decoding.generate(params, cfg, (tokens, valid), method="ar", gen_length=G)
+  np.testing.assert_array_equal(result.tokens, np.asarray(ar.tokens))
+  deltas = list(sampler.sample(PROMPTS, seed=5, stream=True))
+  assert ["".join(d[i] for d in deltas) for i in range(len(PROMPTS))] == result.text
+  for method in ("speculative", "adaptive"):
+    with pytest.raises(ValueError, match=f"method '{method}' drafts with a second model.*"
+                       "drafter_model"):
+      Sampler(params, cfg, tok, method, gen_length=G)
+  with pytest.raises(ValueError, match="drafter_model applies to .*speculative.*not 'llada'"):
+    Sampler.load("unused", "llada", drafter_model="unused")
+
+
 def test_chat_messages_without_a_template(model):
   sampler = _sampler(model, "ar")
   message = [{"role": "user", "content": "12+34="}]

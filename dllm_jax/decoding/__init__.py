@@ -1,20 +1,27 @@
 """Decoders for autoregressive and masked-diffusion LMs behind one `generate` entry point.
 
   generate(params, cfg, prompts, method="ar" | "llada" | "dream" | "fast_dllm" | "d2f" |
-           "block_diffusion", rng=None, mesh=None, **options) -> DecodeOutput
+           "block_diffusion" | "speculative" | "selfspec" | "adaptive", rng=None, mesh=None,
+           **options) -> DecodeOutput
   stream(params, cfg, prompts, method=..., rng=None, **options) -> Iterator[StreamEvent]
 
 Option vocabulary (one name and one default per concept; `api.option_names(method)`):
 
   option          default           methods              traced?  meaning
   gen_length      128               all                  static   response slots G
-  block_length    32, capped at G   all but ar           static   slots per block (divides G)
+  block_length    32, capped at G   all but ar, hybrids  static   slots per block (divides G)
   temperature     0.0 (greedy)      all                  traced   token sampling temperature
+                                                         (hybrids: static)
   early_stop      True              ar, llada, dream,    static   stop rows whose answer is
-                                    fast_dllm                     final (output unchanged)
+                                    fast_dllm, hybrids            final (output unchanged)
   on_nonfinite    "raise"           all                  host     "raise" NonFiniteLogitsError
                                                                   or "flag" the rows
-  top_k, top_p    0, 1.0            ar                   traced   filtering before sampling
+  top_k, top_p    0, 1.0            ar, hybrids          traced   filtering before sampling
+                                                         (hybrids: static)
+  draft_length    4 (selfspec 3)    hybrids              static   tokens drafted per round
+  drafter_params, drafter_cfg       speculative,         -        the drafting model (same
+                                    adaptive                      tokenizer as the target)
+  drafter         "d2f"             speculative          static   "ar", "d2f", "block_diffusion"
   steps           gen_length        llada, dream         static   forwards in total
   remasking       "low_confidence"  llada (dream:        static   confidence ranking
                   "entropy")
@@ -41,6 +48,9 @@ checks prompt + gen_length <= max_seq_len with one check (`base.check_window`) w
 names the largest gen_length that fits; NaN (and inf where meaningless) options are a
 ValueError naming the option. The old D2F name `block_size` is a ValueError saying to use
 `block_length`.
+
+The hybrids are "speculative", "selfspec" and "adaptive" (their block is the draft); they
+stream one event per round (drafter forwards + one verifying forward).
 
 Every `DecodeOutput` carries `finite` [B]: False for a row whose logits were ever NaN/inf;
 such a row's tokens are pad and its length 0, and `generate` / `stream` raise

@@ -40,6 +40,10 @@ with block_length 1). Rows never interact: batched rows equal their one-row deco
 
 NFE: `nfe = target_forwards + drafter_forwards`, each batched call counted once when it
 runs; `AdaptiveStats` reports them separately with the per-round signals.
+
+`_init` (round 0), `_step` (one round) and `output` are also the step interface
+`decoding.streaming` drives (one event per round; `AdaptiveRun` carries the drafter and the
+task tags next to the target's params).
 """
 
 from __future__ import annotations
@@ -437,6 +441,82 @@ def _generate(tparams, dparams, prompt, valid, forced, rng, knobs, *, tcfg, dcfg
   return output(tcfg, opts, state)
 
 
+# ----------------------------------------------------------------------------- step interface
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AdaptiveRun:
+  """A checked adaptive decode for the step interface (`decoding.streaming`): the options,
+  the rows' task tags and the drafter (its params ride here, next to the target's)."""
+  opts: AdaptiveOptions
+  tasks: Sequence | None
+  drafter_params: object
+  drafter_cfg: ModelConfig
+
+  @property
+  def gen_length(self) -> int:
+    return self.opts.gen_length
+
+
+def run_options(target_cfg: ModelConfig, *, drafter_params=None,
+                drafter_cfg: ModelConfig | None = None, tasks=None, **options) -> AdaptiveRun:
+  """`adaptive_generate`'s options (the fields of `AdaptiveOptions`), task tags and drafter,
+  checked (ValueError / VocabMismatchError naming the fix)."""
+  opts = base.make_options(AdaptiveOptions, options)
+  if drafter_params is None or drafter_cfg is None:
+    raise ValueError("adaptive decoding needs a diffusion drafter: pass drafter_params and "
+                     "drafter_cfg (a D2F student or block-diffusion model sharing the "
+                     "target's tokenizer; Sampler.load(..., drafter_model=<dir>) loads one).")
+  spec.check_pair(target_cfg, drafter_cfg)
+  return AdaptiveRun(opts, tasks, drafter_params, drafter_cfg)
+
+
+def check(cfg: ModelConfig, tokens, valid, run: AdaptiveRun) -> None:
+  """Validates a prompt batch (and its task tags) against both models (before compiling)."""
+  opts, dcfg = run.opts, run.drafter_cfg
+  base.check_prompts(cfg, tokens, valid, opts.gen_length, needs_mask=False)
+  base.check_prompts(dcfg, tokens, valid, opts.gen_length, needs_mask=True)
+  if drafter_capacity(np.shape(tokens)[1], opts) > dcfg.max_seq_len:
+    raise ValueError(f"the drafter forwards 2 * draft_length + 1 = {2 * opts.draft_length + 1} "
+                     f"slots, more than its window max_seq_len={dcfg.max_seq_len}; lower "
+                     "draft_length.")
+  opts.forced_modes(run.tasks, np.shape(tokens)[0])
+
+
+_jit_init = jax.jit(_init, static_argnames=("tcfg", "dcfg", "opts"))
+_jit_step = jax.jit(_step, static_argnames=("tcfg", "dcfg", "opts"), donate_argnames=("state",))
+
+
+def jit_init_state(params, cfg: ModelConfig, run: AdaptiveRun, tokens, valid, rng):
+  """The state after round 0 (the drafter's first block, modes, the verifying prefill)."""
+  tokens, valid = base.prompt_inputs(tokens, valid)
+  static, knobs = run.opts.split()
+  forced = run.opts.forced_modes(run.tasks, np.shape(tokens)[0])
+  return _jit_init(params, run.drafter_params, tokens, valid, forced, rng, knobs, tcfg=cfg,
+                   dcfg=run.drafter_cfg, opts=static)
+
+
+def jit_step(params, cfg: ModelConfig, run: AdaptiveRun, state: AdaptiveState):
+  """One jitted round (the forwards its rows' modes need), the state donated."""
+  static, knobs = run.opts.split()
+  return _jit_step(params, run.drafter_params, knobs, state, tcfg=cfg, dcfg=run.drafter_cfg,
+                   opts=static)
+
+
+def running(run: AdaptiveRun, state: AdaptiveState) -> Array:
+  return _running(run.opts, state)
+
+
+def response_view(cfg: ModelConfig, run: AdaptiveRun, state: AdaptiveState):
+  """([B, G] response, [B, G] bool decided: the committed prefix of each row)."""
+  return state.response, jnp.arange(run.gen_length)[None, :] < state.n[:, None]
+
+
+def finish(cfg: ModelConfig, run: AdaptiveRun, state: AdaptiveState) -> AdaptiveOutput:
+  return output(cfg, run.opts, state)[0]
+
+
+# ----------------------------------------------------------------------------- public API
+
 def adaptive_generate(target_params, target_cfg: ModelConfig, prompt_tokens, prompt_valid=None,
                       rng=None, *, drafter_params=None, drafter_cfg: ModelConfig | None = None,
                       gen_length: int = base.GEN_LENGTH, draft_length: int = 4,
@@ -467,26 +547,16 @@ def adaptive_generate(target_params, target_cfg: ModelConfig, prompt_tokens, pro
     AdaptiveOutput (a DecodeOutput with `modes` [B] and `round_modes` [B, G]; nfe = target +
     drafter forwards; steps = rounds), and the AdaptiveStats when return_stats.
   """
-  opts = AdaptiveOptions(
+  base.check_on_nonfinite(on_nonfinite)
+  run = run_options(
+      target_cfg, drafter_params=drafter_params, drafter_cfg=drafter_cfg, tasks=tasks,
       gen_length=gen_length, draft_length=draft_length, draft_steps=draft_steps,
       parallel_confidence=parallel_confidence, ar_confidence=ar_confidence,
       min_acceptance=min_acceptance, trust_streak=trust_streak, task_modes=task_modes,
       temperature=temperature, top_k=top_k, top_p=top_p, early_stop=early_stop)
-  base.check_on_nonfinite(on_nonfinite)
-  if drafter_params is None or drafter_cfg is None:
-    raise ValueError("adaptive decoding needs a diffusion drafter: pass drafter_params and "
-                     "drafter_cfg (a D2F student or block-diffusion model sharing the "
-                     "target's tokenizer).")
-  spec.check_pair(target_cfg, drafter_cfg)
-  base.check_prompts(target_cfg, prompt_tokens, prompt_valid, gen_length, needs_mask=False)
-  base.check_prompts(drafter_cfg, prompt_tokens, prompt_valid, gen_length, needs_mask=True)
-  p = np.shape(prompt_tokens)[1]
-  if drafter_capacity(p, opts) > drafter_cfg.max_seq_len:
-    raise ValueError(f"the drafter forwards 2 * draft_length + 1 = {2 * draft_length + 1} "
-                     f"slots, more than its window max_seq_len={drafter_cfg.max_seq_len}; "
-                     "lower draft_length.")
-  forced = opts.forced_modes(tasks, np.shape(prompt_tokens)[0])
-  static, knobs = opts.split()
+  check(target_cfg, prompt_tokens, prompt_valid, run)
+  forced = run.opts.forced_modes(tasks, np.shape(prompt_tokens)[0])
+  static, knobs = run.opts.split()
   rng = jax.random.key(0) if rng is None else rng
   tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
   out, stats = _generate(target_params, drafter_params, tokens, valid, forced, rng, knobs,

@@ -4,7 +4,8 @@ Shape legend: B batch, T forwarded context slots, k draft_length, V vocab, D mod
 
   ar_draft          a small causal LM: one forward on the uncached accepted tokens, then
                     k - 1 cached one-token forwards; greedy, or sampled from its filtered
-                    distribution q (returned, for the rejection rule).
+                    distribution q (returned, for the rejection rule), and whether every
+                    logit it read was finite.
   diffusion_draft   a block-causal diffusion LM (D2F student or block diffusion): the
                     uncached accepted tokens (ids 1 + j, a clean causal context, so their K/V
                     is final when written) plus one block of k masks (one shared id 1 + n:
@@ -78,7 +79,8 @@ def ar_draft(dparams, cfg: ModelConfig, opts, forbid, first_chunk, cache, next_p
   first_chunk: (tokens [B, T], positions [B, T], valid [B, T], write_len [B], out_slot [B]):
   out_slot is the slot whose logits predict draft 1. next_pos [B]: position of draft 1.
   opts: anything with draft_length, temperature, top_k, top_p (`speculative.SpecOptions`).
-  Returns ([B, k] drafts, [B, k, V] q or None, cache).
+  Returns ([B, k] drafts, [B, k, V] q or None, cache, [B] bool: every logit the drafts were
+  chosen from was finite).
   """
   model = Transformer(unshifted(cfg))
   tokens, positions, valid, write_len, out_slot = first_chunk
@@ -96,23 +98,24 @@ def ar_draft(dparams, cfg: ModelConfig, opts, forbid, first_chunk, cache, next_p
     return d, q
 
   first, q0 = choose(logits, 0)
+  finite = jnp.isfinite(logits).all(-1)
 
   def one(carry, i):
-    cache, token = carry
+    cache, token, ok = carry
     pos = (next_pos + i - 1)[:, None]
     lg, cache = model.apply({"params": dparams}, token[:, None], block_ids=pos, positions=pos,
                             cache=cache, write_len=1)
     d, q = choose(lg[:, 0], i)
-    return (cache, d), (d, q)
+    return (cache, d, ok & jnp.isfinite(lg[:, 0]).all(-1)), (d, q)
 
   if opts.draft_length == 1:
     drafts, qs = first[:, None], (None if q0 is None else q0[:, None])
-    return drafts, qs, cache
-  (cache, _), (rest, rest_q) = jax.lax.scan(one, (cache, first),
-                                            jnp.arange(1, opts.draft_length))
+    return drafts, qs, cache, finite
+  (cache, _, finite), (rest, rest_q) = jax.lax.scan(one, (cache, first, finite),
+                                                    jnp.arange(1, opts.draft_length))
   drafts = jnp.concatenate([first[:, None], rest.T], axis=1)
   qs = None if q0 is None else jnp.concatenate([q0[:, None], rest_q.transpose(1, 0, 2)], 1)
-  return drafts, qs, cache
+  return drafts, qs, cache, finite
 
 
 def diffusion_draft(dparams, cfg: ModelConfig, opts, forbid, context, cache,

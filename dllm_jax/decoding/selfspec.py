@@ -34,6 +34,11 @@ random and trained models); at temperature > 0 the draft is deterministic given 
 q is a point mass, and the rule (accept with p(d), else resample from p without d) makes the
 output distributed exactly as AR sampling. NFE: one forward per round (`nfe == steps`);
 tokens per forward = committed / rounds (`SelfSpecStats`).
+
+Non-finite logits: a live row whose verified slots or mask block got NaN/inf logits is
+flagged (`DecodeOutput.finite` False, tokens pad, length 0; `on_nonfinite` chooses between
+NonFiniteLogitsError and the flag). `_init` (round 0), `_step` (one round) and `output` are
+also the step interface `decoding.streaming` drives (one event per forward).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import base
+from dllm_jax.decoding import base, sampling
 from dllm_jax.decoding import speculative as spec
 from dllm_jax.models import kv_cache as kvc
 from dllm_jax.models import masks
@@ -67,7 +72,7 @@ class SelfSpecOptions:
     temperature, top_k, top_p: sampling, as in `ar_generate`.
     early_stop: exit once every row is done.
   """
-  gen_length: int = 128
+  gen_length: int = base.GEN_LENGTH
   draft_length: int = 3
   temperature: float = 0.0
   top_k: int = 0
@@ -90,7 +95,8 @@ class SelfSpecStats:
 
 @flax.struct.dataclass
 class SelfSpecState:
-  """Loop carry. response [B, G]; draft [B, k]; n, prompt_len, has_draft, done, stats [B].
+  """Loop carry. response [B, G]; draft [B, k]; n, prompt_len, has_draft, done, finite,
+  stats [B].
   The cache holds prompt + response[:n - 1]."""
   response: Array
   n: Array
@@ -99,6 +105,7 @@ class SelfSpecState:
   draft: Array
   has_draft: Array
   done: Array
+  finite: Array
   rounds: Array
   drafted: Array
   accepted: Array
@@ -129,6 +136,8 @@ def _round(params, cfg, opts, state: SelfSpecState, hidden, mask_logits, cache, 
   """Acceptance, commit, rollback and the next draft from one forward's outputs."""
   k = opts.draft_length
   logits = project(params, cfg, hidden)
+  read = jnp.arange(k + 1)[None] <= n_drafts[:, None]             # the clean slots verified
+  ok = sampling.all_finite(logits, read) & sampling.all_finite(mask_logits)
   choice, accepted = spec.verify(logits, state.draft, n_drafts, keys,
                                  temperature=opts.temperature, top_k=opts.top_k,
                                  top_p=opts.top_p, forbid_ids=(cfg.mask_token_id,))
@@ -142,6 +151,7 @@ def _round(params, cfg, opts, state: SelfSpecState, hidden, mask_logits, cache, 
       response=response, n=state.n + count, cache=cache,
       draft=jnp.where(live[:, None], draft, state.draft),
       has_draft=jnp.where(live, accepted == n_drafts, state.has_draft), done=done,
+      finite=state.finite & (ok | ~live),
       rounds=state.rounds + live.astype(jnp.int32), drafted=state.drafted + n_drafts,
       accepted=state.accepted + accepted, step=state.step + 1)
 
@@ -158,7 +168,8 @@ def _init(params, prompt, valid, rng, *, cfg: ModelConfig, opts: SelfSpecOptions
   state = SelfSpecState(
       response=jnp.full((b, g), base.output_pad_id(cfg), jnp.int32), n=zeros,
       prompt_len=prompt_len, cache=cache, draft=jnp.zeros((b, k), jnp.int32),
-      has_draft=jnp.zeros((b,), bool), done=jnp.zeros((b,), bool), rounds=zeros,
+      has_draft=jnp.zeros((b,), bool), done=jnp.zeros((b,), bool),
+      finite=jnp.ones((b,), bool), rounds=zeros,
       drafted=zeros, accepted=zeros, step=jnp.zeros((), jnp.int32), rng=rng)
   # Verify "no draft": slot 0 (the prompt's last token) gives the first token.
   slots = jnp.full((b, k + 1), p - 1, jnp.int32)
@@ -195,17 +206,22 @@ def output(cfg: ModelConfig, opts: SelfSpecOptions, state: SelfSpecState):
   decided = jnp.arange(opts.gen_length)[None, :] < state.n[:, None]
   tokens, lengths, _ = base.finalize(state.response, decided, base.stop_ids(cfg),
                                      base.output_pad_id(cfg))
-  out = base.DecodeOutput(tokens=tokens, lengths=lengths, nfe=state.step, steps=state.step,
-                          committed=state.n, done=state.done)
+  out = base.decode_output(tokens, lengths, state.step, state.step, state.n, state.done,
+                           state.finite, base.output_pad_id(cfg))
   return out, SelfSpecStats(forwards=state.step, rounds=state.rounds, drafted=state.drafted,
                             accepted=state.accepted)
+
+
+def _running(opts: SelfSpecOptions, state: SelfSpecState) -> Array:
+  more = state.step < opts.gen_length
+  return more & ~jnp.all(state.done) if opts.early_stop else more
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "opts"))
 def _generate(params, prompt, valid, rng, *, cfg, opts):
   state = _init(params, prompt, valid, rng, cfg=cfg, opts=opts)
-  more = lambda s: (s.step < opts.gen_length) & (~jnp.all(s.done) | (not opts.early_stop))
-  state = jax.lax.while_loop(more, functools.partial(_step, params, cfg=cfg, opts=opts), state)
+  state = jax.lax.while_loop(functools.partial(_running, opts),
+                             functools.partial(_step, params, cfg=cfg, opts=opts), state)
   return output(cfg, opts, state)
 
 
@@ -219,9 +235,52 @@ def check_model(cfg: ModelConfig) -> None:
                      "predicts token i + 1, as selfspec_loss trains); got shift_logits=True.")
 
 
+def check(cfg: ModelConfig, tokens, valid, opts: SelfSpecOptions) -> None:
+  """Validates the model and a prompt batch against the options (before compiling)."""
+  check_model(cfg)
+  base.check_prompts(cfg, tokens, valid, opts.gen_length, needs_mask=True)
+  if _capacity(np.shape(tokens)[1], opts) > cfg.max_seq_len:
+    raise ValueError(f"a self-speculative forward carries 2 * draft_length + 2 = "
+                     f"{2 * opts.draft_length + 2} slots, more than max_seq_len="
+                     f"{cfg.max_seq_len}; lower draft_length.")
+
+
+# ----------------------------------------------------------------------------- step interface
+
+_jit_init = jax.jit(_init, static_argnames=("cfg", "opts"))
+_jit_step = jax.jit(_step, static_argnames=("cfg", "opts"), donate_argnames=("state",))
+
+
+def jit_init_state(params, cfg: ModelConfig, opts: SelfSpecOptions, tokens, valid, rng):
+  """The state after the first forward (prompt + mask block), jitted."""
+  tokens, valid = base.prompt_inputs(tokens, valid)
+  return _jit_init(params, tokens, valid, rng, cfg=cfg, opts=opts)
+
+
+def jit_step(params, cfg: ModelConfig, opts: SelfSpecOptions, state: SelfSpecState):
+  """One jitted forward (verify + draft), the state donated."""
+  return _jit_step(params, state, cfg=cfg, opts=opts)
+
+
+def running(opts: SelfSpecOptions, state: SelfSpecState) -> Array:
+  return _running(opts, state)
+
+
+def response_view(cfg: ModelConfig, opts: SelfSpecOptions, state: SelfSpecState):
+  """([B, G] response, [B, G] bool decided: the committed prefix of each row)."""
+  return state.response, jnp.arange(opts.gen_length)[None, :] < state.n[:, None]
+
+
+def finish(cfg: ModelConfig, opts: SelfSpecOptions, state: SelfSpecState) -> base.DecodeOutput:
+  return output(cfg, opts, state)[0]
+
+
+# ----------------------------------------------------------------------------- public API
+
 def selfspec_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
-                      gen_length: int, draft_length: int = 3, temperature: float = 0.0,
-                      top_k: int = 0, top_p: float = 1.0, early_stop: bool = True,
+                      gen_length: int = base.GEN_LENGTH, draft_length: int = 3,
+                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                      early_stop: bool = True, on_nonfinite: str = "raise",
                       return_stats: bool = False):
   """Self-speculative (TiDAR-style) decoding of a left-padded prompt batch.
 
@@ -233,21 +292,19 @@ def selfspec_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None
     temperature, top_k, top_p: sampling as in `ar_generate`; greedy output equals
       `ar_generate(params, cfg, ...)`, sampled output is distributed as AR sampling.
     early_stop: leave the loop once every row is done.
+    on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
+      "flag" (return them with `finite` False, lengths 0).
     return_stats: also return `SelfSpecStats` (forwards, per-row rounds / drafts / accepts).
   Returns:
     base.DecodeOutput (nfe = steps = forwards), and the stats when return_stats.
   """
+  base.check_on_nonfinite(on_nonfinite)
   opts = base.make_options(SelfSpecOptions, dict(
       gen_length=gen_length, draft_length=draft_length, temperature=temperature, top_k=top_k,
       top_p=top_p, early_stop=early_stop))
-  check_model(cfg)
-  base.check_prompts(cfg, prompt_tokens, prompt_valid, gen_length, needs_mask=True)
-  p = np.shape(prompt_tokens)[1]
-  if _capacity(p, opts) > cfg.max_seq_len:
-    raise ValueError(f"a self-speculative forward carries 2 * draft_length + 2 = "
-                     f"{2 * draft_length + 2} slots, more than max_seq_len={cfg.max_seq_len}; "
-                     "lower draft_length.")
+  check(cfg, prompt_tokens, prompt_valid, opts)
   rng = jax.random.key(0) if rng is None else rng
   tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
   out, stats = _generate(params, tokens, valid, rng, cfg=cfg, opts=opts)
+  out = base.raise_if_nonfinite(out, on_nonfinite)
   return (out, stats) if return_stats else out

@@ -44,6 +44,12 @@ Per round: 1 target forward; k drafter forwards ("ar"); `draft_steps` ("d2f",
 "block_diffusion"). With `return_stats=True` a `SpecStats` reports them separately, plus per
 row the rounds it was live, drafts offered and drafts accepted:
 tokens per target forward = committed / rounds.
+
+Non-finite logits: a row is flagged (`DecodeOutput.finite` False, tokens pad, length 0) when a
+forward of either model gave it NaN/inf logits while it was live; `on_nonfinite` chooses
+between NonFiniteLogitsError and the flag. The loop is `_init` (round 0), `_step` (one
+round) and `output`, also exposed as the step interface `decoding.streaming` drives (one
+event per round; `SpecRun` carries the drafter next to the target's params).
 """
 
 from __future__ import annotations
@@ -82,12 +88,11 @@ def check_draft_options(opts) -> None:
   if not isinstance(k, (int, np.integer)) or not 1 <= k <= opts.gen_length:
     raise ValueError(f"draft_length must be an int in [1, gen_length={opts.gen_length}], "
                      f"got {k!r}.")
-  if opts.temperature < 0:
-    raise ValueError(f"temperature must be >= 0, got {opts.temperature}.")
-  if opts.top_k < 0:
-    raise ValueError(f"top_k must be >= 0 (0 keeps all tokens), got {opts.top_k}.")
-  if not 0.0 < opts.top_p <= 1.0:
-    raise ValueError(f"top_p must be in (0, 1], got {opts.top_p}.")
+  base.check_number("temperature", opts.temperature, low=0.0)
+  if isinstance(opts.top_k, bool) or not isinstance(opts.top_k, (int, np.integer)) or \
+      opts.top_k < 0:
+    raise ValueError(f"top_k must be an int >= 0 (0 keeps all tokens), got {opts.top_k!r}.")
+  base.check_number("top_p", opts.top_p, low=0.0, low_open=True, high=1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +108,7 @@ class SpecOptions:
     temperature, top_k, top_p: the target's sampling, as in `ar_generate`.
     early_stop: exit once every row is done.
   """
-  gen_length: int = 128
+  gen_length: int = base.GEN_LENGTH
   drafter: str = "d2f"
   draft_length: int = 4
   draft_steps: int = 0
@@ -145,7 +150,7 @@ class SpecStats:
 
 @flax.struct.dataclass
 class SpecState:
-  """Loop carry. response [B, G]; n (committed), prompt_len, pending, done, stats [B].
+  """Loop carry. response [B, G]; n (committed), prompt_len, pending, done, finite, stats [B].
 
   The target cache holds prompt + response[:n - 1] (the last committed token is fed next
   round). The AR drafter's cache holds the same, minus response[n - 2] when `pending` (the
@@ -159,6 +164,7 @@ class SpecState:
   dcache: kvc.KVCache
   pending: Array
   done: Array
+  finite: Array
   rounds: Array
   drafted: Array
   accepted: Array
@@ -268,7 +274,8 @@ def _forbid(tcfg: ModelConfig, dcfg: ModelConfig):
 
 def _verify_and_commit(tparams, tcfg, opts, state: SpecState, chunk, out_from, drafts, q,
                        keys, tcache):
-  """Target forward on `chunk` (tokens, positions, valid), acceptance, commit, stats."""
+  """Target forward on `chunk` (tokens, positions, valid), acceptance, commit. Also returns
+  [B] whether the k + 1 logits the round read were finite."""
   tokens, positions, valid = chunk
   k = opts.draft_length
   hidden, tcache = Transformer(unshifted(tcfg)).apply(
@@ -281,7 +288,7 @@ def _verify_and_commit(tparams, tcfg, opts, state: SpecState, chunk, out_from, d
                             top_k=opts.top_k, top_p=opts.top_p,
                             forbid_ids=(tcfg.mask_token_id,), draft_probs=q)
   response, count, done = commit(tcfg, state.response, state.n, state.done, choice, accepted)
-  return tcache, accepted, response, count, done
+  return tcache, accepted, response, count, done, jnp.isfinite(logits).all((1, 2))
 
 
 def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions) -> SpecState:
@@ -296,15 +303,15 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions
   write_p = jnp.full((b,), p, jnp.int32)
   if opts.drafter == "ar":
     first = (prompt, ppos, valid, write_p, jnp.full((b,), p - 1, jnp.int32))
-    drafts, q, dcache = ar_draft(dparams, dcfg, opts, forbid, first, dcache, prompt_len,
-                                  row_keys(rng, 0, 0, b))
+    drafts, q, dcache, d_ok = ar_draft(dparams, dcfg, opts, forbid, first, dcache, prompt_len,
+                                       row_keys(rng, 0, 0, b))
     d_forwards = k
   else:
     context = (prompt, jnp.zeros_like(prompt), ppos, valid, write_p,
                jnp.full((b,), p - 1, jnp.int32))
-    drafts, _, dcache = diffusion_draft(dparams, dcfg, opts, forbid, context, dcache,
-                                      jnp.ones((b,), jnp.int32), prompt_len)
-    q, d_forwards = None, opts.steps
+    drafts, conf, dcache = diffusion_draft(dparams, dcfg, opts, forbid, context, dcache,
+                                           jnp.ones((b,), jnp.int32), prompt_len)
+    q, d_forwards, d_ok = None, opts.steps, jnp.isfinite(conf).all(-1)
   chunk = (jnp.concatenate([prompt, drafts], 1),
            jnp.concatenate([ppos, prompt_len[:, None] + jnp.arange(k, dtype=jnp.int32)], 1),
            jnp.concatenate([valid, jnp.ones((b, k), bool)], 1))
@@ -312,17 +319,18 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions
   state = SpecState(
       response=jnp.full((b, g), base.output_pad_id(tcfg), jnp.int32), n=zeros,
       prompt_len=prompt_len, tcache=tcache, dcache=dcache, pending=jnp.zeros((b,), bool),
-      done=jnp.zeros((b,), bool), rounds=zeros, drafted=zeros, accepted=zeros,
-      step=jnp.zeros((), jnp.int32), target_forwards=jnp.zeros((), jnp.int32),
+      done=jnp.zeros((b,), bool), finite=jnp.ones((b,), bool), rounds=zeros, drafted=zeros,
+      accepted=zeros, step=jnp.zeros((), jnp.int32), target_forwards=jnp.zeros((), jnp.int32),
       drafter_forwards=jnp.zeros((), jnp.int32), rng=rng)
-  tcache, accepted, response, count, done = _verify_and_commit(
+  tcache, accepted, response, count, done, t_ok = _verify_and_commit(
       tparams, tcfg, opts, state, chunk, p - 1, drafts, q, row_keys(rng, 0, 1, b), tcache)
   d_len = (jnp.full((b,), p, jnp.int32) + jnp.minimum(accepted, k - 1)
            if opts.drafter == "ar" else dcache.length)
   return state.replace(
       response=response, n=count, tcache=kvc.truncate(tcache, p + accepted),
       dcache=kvc.truncate(dcache, d_len), pending=(accepted == k) & (opts.drafter == "ar"),
-      done=done, rounds=jnp.ones((b,), jnp.int32), drafted=jnp.full((b,), k, jnp.int32),
+      done=done, finite=d_ok & t_ok, rounds=jnp.ones((b,), jnp.int32),
+      drafted=jnp.full((b,), k, jnp.int32),
       accepted=accepted, step=jnp.ones((), jnp.int32), target_forwards=jnp.ones((), jnp.int32),
       drafter_forwards=jnp.asarray(d_forwards, jnp.int32))
 
@@ -353,8 +361,8 @@ def _step(tparams, dparams, state: SpecState, *, tcfg, dcfg, opts: SpecOptions) 
     valid = jnp.stack([jnp.ones((b,), bool), pend], 1)
     write = 1 + pend.astype(jnp.int32)
     first = (tokens, positions, valid, write, pend.astype(jnp.int32))
-    drafts, q, dcache = ar_draft(dparams, dcfg, opts, forbid, first, state.dcache,
-                                  last_pos + 1, row_keys(state.rng, state.step, 0, b))
+    drafts, q, dcache, d_ok = ar_draft(dparams, dcfg, opts, forbid, first, state.dcache,
+                                       last_pos + 1, row_keys(state.rng, state.step, 0, b))
     d_forwards = k
   else:
     p = state.tcache.capacity - g
@@ -364,14 +372,14 @@ def _step(tparams, dparams, state: SpecState, *, tcfg, dcfg, opts: SpecOptions) 
     write = jnp.where(live, state.n - cached, 0)
     context = (take(j), 1 + j, state.prompt_len[:, None] + j, valid, write,
                jnp.maximum(write - 1, 0))
-    drafts, _, dcache = diffusion_draft(dparams, dcfg, opts, forbid, context, state.dcache,
-                                      1 + state.n, state.prompt_len + state.n)
-    q, d_forwards = None, opts.steps
+    drafts, conf, dcache = diffusion_draft(dparams, dcfg, opts, forbid, context, state.dcache,
+                                           1 + state.n, state.prompt_len + state.n)
+    q, d_forwards, d_ok = None, opts.steps, jnp.isfinite(conf).all(-1)
   chunk_pos = last_pos[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
   chunk = (jnp.concatenate([last[:, None], drafts], 1), chunk_pos,
            jnp.broadcast_to(live[:, None], (b, k + 1)))
   t0 = state.tcache.length
-  tcache, accepted, response, count, done = _verify_and_commit(
+  tcache, accepted, response, count, done, t_ok = _verify_and_commit(
       tparams, tcfg, opts, state, chunk, 0, drafts, q,
       row_keys(state.rng, state.step, 1, b), state.tcache)
   accepted = jnp.where(live, accepted, 0)
@@ -383,7 +391,8 @@ def _step(tparams, dparams, state: SpecState, *, tcfg, dcfg, opts: SpecOptions) 
     d_len, pending = dcache.length, state.pending
   return state.replace(
       response=response, n=state.n + count, tcache=tcache, dcache=kvc.truncate(dcache, d_len),
-      pending=pending, done=done, rounds=state.rounds + live.astype(jnp.int32),
+      pending=pending, done=done, finite=state.finite & (d_ok & t_ok | ~live),
+      rounds=state.rounds + live.astype(jnp.int32),
       drafted=state.drafted + jnp.where(live, k, 0), accepted=state.accepted + accepted,
       step=state.step + 1, target_forwards=state.target_forwards + 1,
       drafter_forwards=state.drafter_forwards + d_forwards)
@@ -399,9 +408,9 @@ def output(cfg: ModelConfig, opts: SpecOptions, state: SpecState):
   decided = jnp.arange(opts.gen_length)[None, :] < state.n[:, None]
   tokens, lengths, _ = base.finalize(state.response, decided, base.stop_ids(cfg),
                                      base.output_pad_id(cfg))
-  out = base.DecodeOutput(tokens=tokens, lengths=lengths,
-                          nfe=state.target_forwards + state.drafter_forwards, steps=state.step,
-                          committed=state.n, done=state.done)
+  out = base.decode_output(tokens, lengths, state.target_forwards + state.drafter_forwards,
+                           state.step, state.n, state.done, state.finite,
+                           base.output_pad_id(cfg))
   stats = SpecStats(target_forwards=state.target_forwards,
                     drafter_forwards=state.drafter_forwards, rounds=state.rounds,
                     drafted=state.drafted, accepted=state.accepted)
@@ -417,12 +426,91 @@ def _generate(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts):
   return output(tcfg, opts, state)
 
 
+# ----------------------------------------------------------------------------- step interface
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SpecRun:
+  """A checked speculative decode for the step interface (`decoding.streaming`): the static
+  options and the drafter (its params ride here, next to the target's `params` argument)."""
+  opts: SpecOptions
+  drafter_params: object
+  drafter_cfg: ModelConfig
+
+  @property
+  def gen_length(self) -> int:
+    return self.opts.gen_length
+
+
+def run_options(target_cfg: ModelConfig, *, drafter_params=None,
+                drafter_cfg: ModelConfig | None = None, drafter: str = "d2f",
+                gen_length: int = base.GEN_LENGTH, draft_length: int = 4,
+                draft_steps: int = 0, temperature: float = 0.0, top_k: int = 0,
+                top_p: float = 1.0, early_stop: bool = True) -> SpecRun:
+  """`speculative_generate`'s options and drafter, checked (ValueError / VocabMismatchError
+  naming the fix)."""
+  opts = base.make_options(SpecOptions, dict(
+      gen_length=gen_length, drafter=drafter, draft_length=draft_length,
+      draft_steps=draft_steps, temperature=temperature, top_k=top_k, top_p=top_p,
+      early_stop=early_stop))
+  if drafter_params is None or drafter_cfg is None:
+    raise ValueError("speculative decoding needs a drafter: pass drafter_params and "
+                     "drafter_cfg (a small AR model, or a D2F / block-diffusion model, sharing "
+                     "the target's tokenizer; Sampler.load(..., drafter_model=<dir>) loads "
+                     "one).")
+  check_pair(target_cfg, drafter_cfg)
+  return SpecRun(opts, drafter_params, drafter_cfg)
+
+
+def check(cfg: ModelConfig, tokens, valid, run: SpecRun) -> None:
+  """Validates a prompt batch against both models' windows (before anything is compiled)."""
+  opts, dcfg = run.opts, run.drafter_cfg
+  base.check_prompts(cfg, tokens, valid, opts.gen_length, needs_mask=False)
+  base.check_prompts(dcfg, tokens, valid, opts.gen_length, needs_mask=opts.drafter != "ar")
+  if _drafter_capacity(np.shape(tokens)[1], opts) > dcfg.max_seq_len:
+    raise ValueError(f"a diffusion drafter forwards 2 * draft_length + 1 = "
+                     f"{2 * opts.draft_length + 1} slots, more than its window max_seq_len="
+                     f"{dcfg.max_seq_len}; lower draft_length.")
+
+
+_jit_init = jax.jit(_init, static_argnames=("tcfg", "dcfg", "opts"))
+_jit_step = jax.jit(_step, static_argnames=("tcfg", "dcfg", "opts"), donate_argnames=("state",))
+
+
+def jit_init_state(params, cfg: ModelConfig, run: SpecRun, tokens, valid, rng) -> SpecState:
+  """The state after the first round (drafts + the verifying prefill), jitted."""
+  tokens, valid = base.prompt_inputs(tokens, valid)
+  return _jit_init(params, run.drafter_params, tokens, valid, rng, tcfg=cfg,
+                   dcfg=run.drafter_cfg, opts=run.opts)
+
+
+def jit_step(params, cfg: ModelConfig, run: SpecRun, state: SpecState) -> SpecState:
+  """One jitted round (drafter forwards + one target forward), the state donated."""
+  return _jit_step(params, run.drafter_params, state, tcfg=cfg, dcfg=run.drafter_cfg,
+                   opts=run.opts)
+
+
+def running(run: SpecRun, state: SpecState) -> Array:
+  return _running(run.opts, state)
+
+
+def response_view(cfg: ModelConfig, run: SpecRun, state: SpecState) -> tuple[Array, Array]:
+  """([B, G] response, [B, G] bool decided: the committed prefix of each row)."""
+  return state.response, jnp.arange(run.gen_length)[None, :] < state.n[:, None]
+
+
+def finish(cfg: ModelConfig, run: SpecRun, state: SpecState) -> base.DecodeOutput:
+  return output(cfg, run.opts, state)[0]
+
+
+# ----------------------------------------------------------------------------- public API
+
 def speculative_generate(target_params, target_cfg: ModelConfig, prompt_tokens,
-                         prompt_valid=None, rng=None, *, drafter_params,
-                         drafter_cfg: ModelConfig, drafter: str = "d2f", gen_length: int,
-                         draft_length: int = 4, draft_steps: int = 0,
-                         temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                         early_stop: bool = True, return_stats: bool = False):
+                         prompt_valid=None, rng=None, *, drafter_params=None,
+                         drafter_cfg: ModelConfig | None = None, drafter: str = "d2f",
+                         gen_length: int = base.GEN_LENGTH, draft_length: int = 4,
+                         draft_steps: int = 0, temperature: float = 0.0, top_k: int = 0,
+                         top_p: float = 1.0, early_stop: bool = True,
+                         on_nonfinite: str = "raise", return_stats: bool = False):
   """Speculative decoding of a left-padded prompt batch: drafter proposes, AR target verifies.
 
   Args:
@@ -430,8 +518,8 @@ def speculative_generate(target_params, target_cfg: ModelConfig, prompt_tokens,
     prompt_tokens, prompt_valid: [B, P] left-padded prompts (`base.pad_prompts`); valid None
       means no padding.
     rng: PRNG key (temperature > 0; default key 0).
-    drafter_params, drafter_cfg: the drafter; it must share the target's tokenizer
-      (VocabMismatchError otherwise). Diffusion drafters need a mask_token_id.
+    drafter_params, drafter_cfg: the drafter (required); it must share the target's
+      tokenizer (VocabMismatchError otherwise). Diffusion drafters need a mask_token_id.
     drafter: "ar" (small causal LM), "d2f" or "block_diffusion" (block-causal diffusion LM).
     gen_length: G. draft_length: k tokens drafted per round, 1 <= k <= G.
     draft_steps: forwards per drafted block for diffusion drafters (0: 1 for "d2f", k for
@@ -440,27 +528,23 @@ def speculative_generate(target_params, target_cfg: ModelConfig, prompt_tokens,
       distributed exactly as AR sampling, and equals AR greedy at temperature 0.
     early_stop: leave the loop once every row is done (the loop never runs past that either
       way: every round of a live row commits at least one token).
+    on_nonfinite: "raise" (NonFiniteLogitsError naming the rows for which a forward of
+      either model gave NaN/inf logits) or "flag" (return them with `finite` False,
+      lengths 0).
     return_stats: also return a `SpecStats` (target / drafter forwards, per-row acceptance).
   Returns:
     base.DecodeOutput (nfe = target + drafter forwards; steps = rounds), and the SpecStats
     when return_stats.
   """
-  opts = base.make_options(SpecOptions, dict(
-      gen_length=gen_length, drafter=drafter, draft_length=draft_length,
-      draft_steps=draft_steps, temperature=temperature, top_k=top_k, top_p=top_p,
-      early_stop=early_stop))
-  check_pair(target_cfg, drafter_cfg)
-  diffusion = drafter != "ar"
-  base.check_prompts(target_cfg, prompt_tokens, prompt_valid, gen_length, needs_mask=False)
-  base.check_prompts(drafter_cfg, prompt_tokens, prompt_valid, gen_length,
-                     needs_mask=diffusion)
-  p = np.shape(prompt_tokens)[1]
-  if _drafter_capacity(p, opts) > drafter_cfg.max_seq_len:
-    raise ValueError(f"a diffusion drafter forwards 2 * draft_length + 1 = "
-                     f"{2 * draft_length + 1} slots, more than its window max_seq_len="
-                     f"{drafter_cfg.max_seq_len}; lower draft_length.")
+  base.check_on_nonfinite(on_nonfinite)
+  run = run_options(target_cfg, drafter_params=drafter_params, drafter_cfg=drafter_cfg,
+                    drafter=drafter, gen_length=gen_length, draft_length=draft_length,
+                    draft_steps=draft_steps, temperature=temperature, top_k=top_k,
+                    top_p=top_p, early_stop=early_stop)
+  check(target_cfg, prompt_tokens, prompt_valid, run)
   rng = jax.random.key(0) if rng is None else rng
   tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
   out, stats = _generate(target_params, drafter_params, tokens, valid, rng, tcfg=target_cfg,
-                         dcfg=drafter_cfg, opts=opts)
+                         dcfg=drafter_cfg, opts=run.opts)
+  out = base.raise_if_nonfinite(out, on_nonfinite)
   return (out, stats) if return_stats else out

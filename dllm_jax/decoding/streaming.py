@@ -6,7 +6,9 @@ It drives the same jitted step function the batch decoders loop over in `lax.whi
 (state donated between calls), with one host round trip per step to report progress. It is
 for display, not for benchmarks: the fused loop in `generate` is the fast path. Every method
 streams; there is one event after every forward (AR's prefill and D2F's / block diffusion's
-first forward happen in the init, so their first event has step 0), and the last event
+first forward happen in the init, so their first event has step 0; a hybrid's round, its
+drafter forwards and the verifying forward, is one event: its `steps`, not its `nfe`), and
+the last event
 carries the same `DecodeOutput` that `generate` returns (or raises NonFiniteLogitsError like
 it, unless on_nonfinite="flag").
 
@@ -28,7 +30,8 @@ from collections.abc import Iterator
 import jax
 import numpy as np
 
-from dllm_jax.decoding import api, ar, base, d2f, fast_dllm, llada
+from dllm_jax.decoding import (adaptive, api, ar, base, d2f, fast_dllm, llada, selfspec,
+                               speculative)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +52,12 @@ _STREAMERS = {
         fast_dllm.FastDLLMOptions, o), False),
     "d2f": _Streamer(d2f, d2f.d2f_options, True),
     "block_diffusion": _Streamer(d2f, d2f.block_diffusion_options, True),
+    # Hybrids: the options carry the drafter (drafter_params, drafter_cfg), and the init
+    # runs round 0 (drafts and the verifying prefill), which already commits tokens.
+    "speculative": _Streamer(speculative, speculative.run_options, True),
+    "selfspec": _Streamer(selfspec, lambda cfg, **o: base.make_options(
+        selfspec.SelfSpecOptions, o), True),
+    "adaptive": _Streamer(adaptive, adaptive.run_options, True),
 }
 
 
@@ -58,7 +67,7 @@ class StreamEvent:
 
   Attributes:
     step: forwards run so far after the first event (0 for the init's forward: AR prefill,
-      D2F's first forward), loop iterations otherwise.
+      D2F's first forward, a hybrid's round 0), loop iterations otherwise (a hybrid: rounds).
     new: [B, G] bool, slots committed by this forward (each slot is new exactly once).
     response: [B, G] response slots after the step (undecided slots hold [MASK] for
       diffusion decoders, pad for AR).
