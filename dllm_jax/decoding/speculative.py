@@ -62,7 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import base
+from dllm_jax.decoding import base, sampling
 # The distributions are re-exported: `speculative.greedy` / `.probabilities` are public.
 from dllm_jax.decoding.drafters import (ar_draft, diffusion_draft, greedy, probabilities,
                                        unshifted)
@@ -230,6 +230,17 @@ def row_keys(rng: Array, step, tag: int, batch: int) -> Array:
   return jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(batch))
 
 
+def round_keys(rng: Array, step, rounds: Array, tag: int) -> Array:
+  """[B] keys of one round. One key: `row_keys(rng, step, tag, B)`. [B] keys (one per row,
+  e.g. per request: `serving.request_keys`): fold_in(fold_in(rng[b], rounds[b]), tag), the
+  row's own key at its own round count, so a row decodes as it would alone with
+  `rng=rng[b:b + 1]` whenever it joined the batch (the serving engine's rows)."""
+  if sampling.is_row_keys(rng):
+    return jax.vmap(lambda key, r: jax.random.fold_in(jax.random.fold_in(key, r), tag))(
+        rng, rounds.astype(jnp.int32))
+  return row_keys(rng, step, tag, rounds.shape[0])
+
+
 def commit(cfg: ModelConfig, response: Array, n: Array, done: Array, tokens: Array,
            accepted: Array):
   """Writes each live row's `accepted + 1` tokens at response[n:], cut at G and after the
@@ -301,10 +312,11 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions
   tcache = kvc.init_cache(tcfg, b, p + g)
   dcache = kvc.init_cache(dcfg, b, _drafter_capacity(p, opts))
   write_p = jnp.full((b,), p, jnp.int32)
+  zeros = jnp.zeros((b,), jnp.int32)
   if opts.drafter == "ar":
     first = (prompt, ppos, valid, write_p, jnp.full((b,), p - 1, jnp.int32))
     drafts, q, dcache, d_ok = ar_draft(dparams, dcfg, opts, forbid, first, dcache, prompt_len,
-                                       row_keys(rng, 0, 0, b))
+                                       round_keys(rng, 0, zeros, 0))
     d_forwards = k
   else:
     context = (prompt, jnp.zeros_like(prompt), ppos, valid, write_p,
@@ -315,7 +327,6 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions
   chunk = (jnp.concatenate([prompt, drafts], 1),
            jnp.concatenate([ppos, prompt_len[:, None] + jnp.arange(k, dtype=jnp.int32)], 1),
            jnp.concatenate([valid, jnp.ones((b, k), bool)], 1))
-  zeros = jnp.zeros((b,), jnp.int32)
   state = SpecState(
       response=jnp.full((b, g), base.output_pad_id(tcfg), jnp.int32), n=zeros,
       prompt_len=prompt_len, tcache=tcache, dcache=dcache, pending=jnp.zeros((b,), bool),
@@ -323,7 +334,8 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions
       accepted=zeros, step=jnp.zeros((), jnp.int32), target_forwards=jnp.zeros((), jnp.int32),
       drafter_forwards=jnp.zeros((), jnp.int32), rng=rng)
   tcache, accepted, response, count, done, t_ok = _verify_and_commit(
-      tparams, tcfg, opts, state, chunk, p - 1, drafts, q, row_keys(rng, 0, 1, b), tcache)
+      tparams, tcfg, opts, state, chunk, p - 1, drafts, q, round_keys(rng, 0, zeros, 1),
+      tcache)
   d_len = (jnp.full((b,), p, jnp.int32) + jnp.minimum(accepted, k - 1)
            if opts.drafter == "ar" else dcache.length)
   return state.replace(
@@ -362,7 +374,8 @@ def _step(tparams, dparams, state: SpecState, *, tcfg, dcfg, opts: SpecOptions) 
     write = 1 + pend.astype(jnp.int32)
     first = (tokens, positions, valid, write, pend.astype(jnp.int32))
     drafts, q, dcache, d_ok = ar_draft(dparams, dcfg, opts, forbid, first, state.dcache,
-                                       last_pos + 1, row_keys(state.rng, state.step, 0, b))
+                                       last_pos + 1,
+                                       round_keys(state.rng, state.step, state.rounds, 0))
     d_forwards = k
   else:
     p = state.tcache.capacity - g
@@ -381,7 +394,7 @@ def _step(tparams, dparams, state: SpecState, *, tcfg, dcfg, opts: SpecOptions) 
   t0 = state.tcache.length
   tcache, accepted, response, count, done, t_ok = _verify_and_commit(
       tparams, tcfg, opts, state, chunk, 0, drafts, q,
-      row_keys(state.rng, state.step, 1, b), state.tcache)
+      round_keys(state.rng, state.step, state.rounds, 1), state.tcache)
   accepted = jnp.where(live, accepted, 0)
   tcache = kvc.truncate(tcache, jnp.where(live, t0 + accepted + 1, t0))
   if opts.drafter == "ar":
@@ -517,7 +530,9 @@ def speculative_generate(target_params, target_cfg: ModelConfig, prompt_tokens,
     target_params, target_cfg: the AR (causal) target model.
     prompt_tokens, prompt_valid: [B, P] left-padded prompts (`base.pad_prompts`); valid None
       means no padding.
-    rng: PRNG key (temperature > 0; default key 0).
+    rng: PRNG key (temperature > 0; default key 0), or [B] keys, one per row (row b's
+      round i draws from fold_in(rng[b], i): it decodes as alone with rng[b:b + 1], the
+      serving engine's per-request keys; `round_keys`).
     drafter_params, drafter_cfg: the drafter (required); it must share the target's
       tokenizer (VocabMismatchError otherwise). Diffusion drafters need a mask_token_id.
     drafter: "ar" (small causal LM), "d2f" or "block_diffusion" (block-causal diffusion LM).

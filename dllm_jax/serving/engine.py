@@ -57,6 +57,7 @@ from dllm_jax.models.config import ModelConfig
 from dllm_jax.parallel import mesh as mesh_lib
 from dllm_jax.serving import metrics as metrics_lib
 from dllm_jax.serving import rows
+from dllm_jax.serving import speculative_rows  # noqa: F401  (registers "speculative")
 from dllm_jax.serving.requests import (
     BadOptionError, CancelledError, InvalidPromptError, MaskInPromptError, NonFiniteRowError,
     PromptTooLongError, Request, RequestError, Result, StreamUpdate, UnknownMethodError,
@@ -139,8 +140,10 @@ class _Lane:
     self.opts = self.decoder.make_options(cfg, self.options)
     self.static, self.traced = self.decoder.split(self.opts)
     self.gen_length = self.decoder.gen_length(self.static)
-    block = getattr(self.static, "block_size", 1)
-    base.check_window(cfg, engine.prompt_buckets[-1], self.gen_length, block)
+    self.decoder.check_window(cfg, self.static, engine.prompt_buckets[-1])
+    self.mask_id = self.decoder.mask_id(cfg, self.static)
+    self.params = self.decoder.lane_params(engine.params, cfg, self.static, self.options,
+                                           engine.mesh, engine.rules)
     self.stop_ids = frozenset(base.stop_ids(cfg))
     self.queue: collections.deque[Request] = collections.deque()
     self.slots: list[_Live | None] = [None] * engine.num_slots
@@ -159,7 +162,7 @@ class _Lane:
     e = self.engine
     b, p = e.num_slots, e.prompt_buckets[-1]
     shapes = jax.eval_shape(
-        lambda: self.decoder.init(e.params, e.cfg, self.static, self.traced,
+        lambda: self.decoder.init(self.params, e.cfg, self.static, self.traced,
                                   jnp.zeros((b, p), jnp.int32), jnp.ones((b, p), bool),
                                   rows.request_keys(np.zeros(b, np.uint32))))
     state = rows.empty_like(shapes, self.decoder, self.traced)
@@ -180,7 +183,7 @@ class _Lane:
     where = np.full(a, e.num_slots, np.int32)  # unused rows: out of range, dropped
     where[:len(requests)] = slots
     with e.context():
-      self.state = _admit(e.params, self.state, self.traced, tokens, valid, seeds, where,
+      self.state = _admit(self.params, self.state, self.traced, tokens, valid, seeds, where,
                           prompt_len=e.prompt_buckets[-1], **self._kw())
 
   def run(self, max_steps: int):
@@ -192,7 +195,7 @@ class _Lane:
     limit = np.array([s.request.max_new_tokens if s else self.gen_length for s in self.slots],
                      np.int32)
     with e.context():
-      self.state, steps, view = _run(e.params, self.state, self.retire, limit, occupied,
+      self.state, steps, view = _run(self.params, self.state, self.retire, limit, occupied,
                                      np.int32(max_steps), np.int32(max(min_finished, 1)),
                                      **self._kw())
     self.retire = np.zeros_like(self.retire)
@@ -312,8 +315,12 @@ class Engine:
     params: model parameters.
     cfg: the model config.
     methods: a method name, or {method: options} for several lanes (each with `slots`
-      slots). Served: `rows.DECODERS` ("ar", "d2f", "block_diffusion", "fast_dllm").
+      slots). Served: `rows.DECODERS` ("ar", "d2f", "block_diffusion", "fast_dllm",
+      "speculative").
     options: the options of a single `methods` name (e.g. gen_length, block_length, tau_*).
+      Speculative's drafter is a lane option: `drafter_params`, `drafter_cfg` (with drafter,
+      draft_length, ...) go here, once; requests may not name them
+      (`speculative_rows`).
     slots: B, rows decoded together per lane.
     max_prompt_len: longest prompt accepted (the largest prompt bucket).
     prompt_buckets: padded prompt lengths admissions compile for (default 16, 32, ...,
@@ -411,6 +418,12 @@ class Engine:
       raise UnknownMethodError(f"request {rid}: " + _method_message(method, self.lanes))
     lane = self.lanes[method]
     options = dict(options or {})
+    fixed = sorted(set(options) & set(lane.decoder.lane_options))
+    if fixed:
+      raise BadOptionError(
+          f"request {rid}: {fixed} are set once per lane, when the engine is built (its "
+          f"{method!r} lane has its own); drop them from the request, or start an engine "
+          "with these in the lane's options.")
     try:
       api.check_options(method, options)
       opts = lane.decoder.make_options(self.cfg, {**lane.options, **options})
@@ -428,9 +441,9 @@ class Engine:
           f"request {rid}: the prompt has {len(tokens)} tokens but this engine's longest "
           f"prompt bucket is {self.prompt_buckets[-1]} (max_prompt_len); shorten the prompt "
           "or start the engine with a larger max_prompt_len.")
-    if lane.decoder.needs_mask and self.cfg.mask_token_id in tokens:
+    if lane.mask_id is not None and lane.mask_id in tokens:
       raise MaskInPromptError(
-          f"request {rid}: the prompt contains the mask id {self.cfg.mask_token_id}; remove "
+          f"request {rid}: the prompt contains the mask id {lane.mask_id}; remove "
           "[MASK] tokens from prompts (they would be decoded as blanks).")
     g = lane.gen_length
     if max_new_tokens is None:

@@ -3,7 +3,7 @@
 Shape legend: B slots (the engine's batch), A admitted rows, P the largest prompt bucket,
 p this admission's bucket, G gen_length, L layers, K kv heads, Dh head dim.
 
-A decoder module (`decoding/ar.py`, `decoding/d2f.py`, `decoding/fast_dllm.py`) keeps every
+A decoder module (`decoding/ar.py`, `d2f.py`, `fast_dllm.py`, `speculative.py`) keeps every
 cursor per row and, given per-row keys, draws a row's noise from its own key only; so a batch
 row can be replaced by a fresh one while the others keep their state. A `RowDecoder` adapts a
 module to the engine:
@@ -12,6 +12,10 @@ module to the engine:
   split(opts) -> (static, traced)               jit-static part, traced knobs
   gen_length(static) -> G
   check(cfg, tokens, valid, opts)               the method's prompt checks (ValueError)
+  lane_params(params, cfg, static, options, mesh, rules) -> the lane's params (default: the
+      engine's; speculative: (target, drafter), its `lane_options` given to the engine only)
+  check_window(cfg, static, P)                  the lane's window check (ValueError)
+  mask_id(cfg, static) -> the id prompts must not hold (diffusion's [MASK]) or None
   init(params, cfg, static, traced, tokens [A, p], valid [A, p], keys [A], mesh, rules)
       -> state of A rows (the method's batched init: AR prefill, D2F's first forward)
   pad(cfg, static, state, P) -> the A-row state as if its prompts were padded to P
@@ -39,6 +43,9 @@ Registered (`DECODERS`; `register` adds one, with no change to the engine):
                    prepends padding slots to canvas and cache (the state then equals one
                    built at P). Its static part (`FastStatic`) carries the [MASK] id by which
                    `progress` reads decided slots. Its state keeps the axis rule.
+  speculative      `speculative_rows.SpeculativeRows`: a drafter ("ar", "d2f",
+                   "block_diffusion") proposes k tokens, the AR target verifies them; two
+                   caches per slot, per-row acceptance and rollback (see that module).
 Llada and Dream share one step schedule across the batch (`NOT_PER_ROW`): not served.
 """
 
@@ -89,6 +96,22 @@ class RowDecoder:
   """Base of the per-row adapters (hashable: a jit static argument)."""
   method: str
   needs_mask: bool
+  # Options fixed per lane, given once to the engine (e.g. a second model's params); a
+  # request naming one is refused.
+  lane_options = ()
+
+  def lane_params(self, params, cfg: ModelConfig, static, options: dict, mesh, rules):
+    """The params the lane's programs take (the engine's, already placed on its mesh)."""
+    return params
+
+  def check_window(self, cfg: ModelConfig, static, prompt_len: int) -> None:
+    """Raises ValueError unless the largest prompt bucket + gen_length fits the window."""
+    base.check_window(cfg, prompt_len, self.gen_length(static),
+                      getattr(static, "block_size", 1))
+
+  def mask_id(self, cfg: ModelConfig, static):
+    """The id a prompt must not hold (the [MASK] a diffusion model decodes), or None."""
+    return cfg.mask_token_id if self.needs_mask else None
 
   def row_axes(self, state):
     """The row axis of every leaf (None: shared). See the module docstring."""
@@ -266,6 +289,8 @@ for _decoder in (ARRows(), D2FRows("d2f"), D2FRows("block_diffusion"), FastDLLMR
 NOT_PER_ROW = {
     "llada": "its step schedule is shared by the whole batch",
     "dream": "its step schedule is shared by the whole batch",
+    "selfspec": "it has no per-row step interface for the engine yet",
+    "adaptive": "its per-request task tags and per-row keys are not wired to the engine yet",
 }
 
 

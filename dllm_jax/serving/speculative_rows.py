@@ -1,0 +1,155 @@
+"""Speculative decoding served by the engine: a drafter proposes, the AR target verifies, per row.
+
+Shape legend: B slots, A admitted rows, p this admission's prompt bucket, P the largest,
+G gen_length, k draft_length, L layers, K kv heads, Dh head dim.
+
+    engine = Engine(target_params, target_cfg, methods="speculative",
+                    options=dict(drafter_params=d_params, drafter_cfg=d_cfg, drafter="d2f",
+                                 draft_length=4, gen_length=64), slots=8)
+
+A lane serves one drafter: `drafter_params` / `drafter_cfg` are lane options (given once, to
+the engine; a request that names them is refused) and the params ride beside the target's
+as the lane's params `(target_params, drafter_params)`, traced arguments of the lane's
+jitted programs, never jit-static. Every other option (drafter kind, draft_length,
+draft_steps, temperature, top_k, top_p: all jit-static here) is fixed per lane too.
+
+`decoding.speculative` keeps every cursor per row: the committed count `n`, both K/V caches'
+lengths (target [L, B, P + G, K, Dh]; drafter [L, B, max(P + G, 2k + 1), K, Dh]), the AR
+drafter's `pending`, and with [B] keys (`serving.request_keys`) a row's round-i draws come
+from fold_in(rng[b], i) (`speculative.round_keys`). So a row admitted later decodes as it
+would alone. Admission runs the method's round 0 (the drafter's first block and the
+target's verifying prefill over prompt ++ drafts) for the admitted rows; a step is one
+round for every slot (drafter forwards, one target forward, per-row acceptance and
+rollback of both caches by `kv_cache.truncate`); finished and retired rows stay `done`
+and commit nothing.
+
+`pad` turns an admission built at bucket p into one built at P: both caches hold the prompt
+in their first p slots and each row's response after them (speculative's diffusion drafter
+reads the prompt width as the target cache's capacity - G), so P - p empty slots (NO_KEY)
+are prepended to both caches and their lengths move by P - p; the drafter cache is cut
+back to its capacity at P (its trailing slots are never written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from dllm_jax.decoding import base
+from dllm_jax.decoding import speculative as spec
+from dllm_jax.models import kv_cache as kvc
+from dllm_jax.models import masks
+from dllm_jax.models.config import ModelConfig
+from dllm_jax.serving import rows
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecStatic:
+  """The lane's jit-static part: speculative's options and the drafter's config (the
+  drafter's params are the lane's, not here: `SpeculativeRows.lane_params`)."""
+  opts: spec.SpecOptions
+  drafter_cfg: ModelConfig
+
+  @property
+  def gen_length(self) -> int:
+    return self.opts.gen_length
+
+  @property
+  def drafter_forwards(self) -> int:
+    """Drafter forwards per round: k for an AR drafter, `steps` for a diffusion one."""
+    return self.opts.draft_length if self.opts.drafter == "ar" else self.opts.steps
+
+
+def _prepend_slots(cache: kvc.KVCache, extra: int, capacity: int) -> kvc.KVCache:
+  """`extra` empty slots before every row's slots (lengths + extra), cut to `capacity`."""
+  if not extra:
+    return cache
+  pad = rows._pad_axis
+  return kvc.KVCache(k=pad(cache.k, 2, extra, 0, 0)[:, :, :capacity],
+                     v=pad(cache.v, 2, extra, 0, 0)[:, :, :capacity],
+                     block_ids=pad(cache.block_ids, 1, extra, 0, masks.NO_KEY)[:, :capacity],
+                     length=cache.length + extra)
+
+
+class SpeculativeRows(rows.RowDecoder):
+  """Speculative rows: round 0 (draft + verifying prefill) admits a row; one round a step."""
+
+  lane_options = ("drafter_params", "drafter_cfg")
+
+  def __init__(self):
+    super().__init__(method="speculative", needs_mask=False)
+
+  def make_options(self, cfg: ModelConfig, options: dict) -> SpecStatic:
+    options = dict(options)
+    run = spec.run_options(cfg, **options)
+    return SpecStatic(run.opts, run.drafter_cfg)
+
+  def lane_params(self, params, cfg: ModelConfig, static: SpecStatic, options: dict, mesh,
+                  rules):
+    drafter = options["drafter_params"]
+    if mesh is not None:
+      drafter = base.place_params(drafter, static.drafter_cfg, mesh, rules)
+    return params, drafter
+
+  def split(self, opts: SpecStatic):
+    return opts, ()  # every option is static (temperature included: greedy is its own rule)
+
+  def gen_length(self, static: SpecStatic) -> int:
+    return static.gen_length
+
+  def check_window(self, cfg: ModelConfig, static: SpecStatic, prompt_len: int) -> None:
+    opts, dcfg = static.opts, static.drafter_cfg
+    base.check_window(cfg, prompt_len, opts.gen_length)
+    base.check_window(dcfg, prompt_len, opts.gen_length)
+    if spec._drafter_capacity(prompt_len, opts) > dcfg.max_seq_len:
+      raise ValueError(f"a diffusion drafter forwards 2 * draft_length + 1 = "
+                       f"{2 * opts.draft_length + 1} slots, more than its window max_seq_len="
+                       f"{dcfg.max_seq_len}; lower draft_length.")
+
+  def mask_id(self, cfg: ModelConfig, static: SpecStatic):
+    # A diffusion drafter reads [MASK] as a blank; the AR target has no such id.
+    return None if static.opts.drafter == "ar" else static.drafter_cfg.mask_token_id
+
+  def check(self, cfg, tokens, valid, opts: SpecStatic):
+    spec.check(cfg, tokens, valid, spec.SpecRun(opts.opts, None, opts.drafter_cfg))
+
+  def init(self, params, cfg, static: SpecStatic, traced, tokens, valid, keys, mesh=None,
+           rules=None):
+    tparams, dparams = params
+    return spec._init(tparams, dparams, tokens, valid, keys, tcfg=cfg,
+                      dcfg=static.drafter_cfg, opts=static.opts)
+
+  def pad(self, cfg, static: SpecStatic, state, prompt_len: int):
+    g = static.gen_length
+    extra = prompt_len - (state.tcache.capacity - g)
+    return state.replace(
+        tcache=_prepend_slots(state.tcache, extra, prompt_len + g),
+        dcache=_prepend_slots(state.dcache, extra,
+                              spec._drafter_capacity(prompt_len, static.opts)))
+
+  def step(self, params, cfg, static: SpecStatic, state, mesh=None, rules=None):
+    tparams, dparams = params
+    return spec._step(tparams, dparams, state, tcfg=cfg, dcfg=static.drafter_cfg,
+                      opts=static.opts)
+
+  def with_traced(self, state, traced):
+    return state
+
+  def progress(self, static: SpecStatic, state):
+    # response[:n] is committed (final); a row's forwards: its rounds, each one target
+    # forward and the drafter's forwards (as `speculative_generate` counts a one-row batch).
+    nfe = state.rounds * (1 + static.drafter_forwards)
+    return state.response, state.n, state.done, state.finite, nfe
+
+  def row_axes(self, state):
+    def axis(path, leaf):
+      if jnp.ndim(leaf) == 0:
+        return None
+      keys = [getattr(p, "name", getattr(p, "key", None)) for p in path]
+      return 1 if keys[-1] in ("k", "v") and keys[-2] in ("tcache", "dcache") else 0
+    return jax.tree_util.tree_map_with_path(axis, state)
+
+
+rows.register(SpeculativeRows())
