@@ -133,7 +133,7 @@ def test_no_recompiles_after_warmup(params, no_compile_cache):
   from jax._src import dispatch
   engine = Engine(params, CFG, methods="speculative",
                   options=lane_options(params, "d2f_sampled"), slots=4, max_prompt_len=16,
-                  prompt_buckets=(8, 16))
+                  prompt_buckets=(8, 16), admit_sizes=(4,))
   engine.warmup()
   compiles = []
 
