@@ -16,8 +16,6 @@ from dllm_jax.decoding import api
 from dllm_jax.parallel import mesh as mesh_lib
 
 EIGHT = """
-import os  # XLA reads its flags when the backend starts, so this line still applies
-os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"  # ~40% less compile time
 import jax
 import numpy as np
 from dllm_jax.decoding import api, data_parallel

@@ -15,6 +15,8 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import xla_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 WORK = r"""
@@ -54,9 +56,7 @@ print("RESULT" + json.dumps(result))
 
 
 def _run(args, devices):
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} "
-             "--xla_backend_optimization_level=0")  # all 3 alike; ~40% less compile
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(devices))  # all 3 alike
   return subprocess.Popen([sys.executable, "-c", WORK, *args], cwd=REPO, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

@@ -41,6 +41,7 @@ from pathlib import Path
 import pytest
 
 import tiny_llada
+from conftest import xla_flags
 from _jax_cache_env import compilation_cache_env
 from dllm_jax.training import checkpoint as ckpt_lib
 
@@ -233,7 +234,7 @@ def run_shell(command: str, *, devices: int = 1, timeout: float = 900.0, cwd=REP
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
              PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")]
                                                       if p]),
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+             XLA_FLAGS=xla_flags(devices),  # the tests' compile flags (conftest)
              **compilation_cache_env())  # the session's compiled programs, if it keeps them
   env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
   proc = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,

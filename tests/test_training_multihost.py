@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from conftest import xla_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 WORKER = r"""
@@ -39,7 +41,7 @@ def _run_pair(workdir, steps):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+             XLA_FLAGS=xla_flags(2))
   procs = [subprocess.Popen([sys.executable, "-c", WORKER, f"127.0.0.1:{port}", str(i),
                              workdir, str(steps)], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
