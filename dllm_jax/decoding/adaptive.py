@@ -409,19 +409,9 @@ def _step(tparams, dparams, knobs, state: AdaptiveState, *, tcfg, dcfg,
                 opts=opts, ran_target=branch > 0, ran_drafter=ran_drafter, first=False)
 
 
-def _running(opts: AdaptiveOptions, state: AdaptiveState) -> Array:
-  more = state.step < opts.gen_length
-  return more & ~jnp.all(state.done) if opts.early_stop else more
-
-
 def output(cfg: ModelConfig, opts: AdaptiveOptions, state: AdaptiveState):
   """(AdaptiveOutput, AdaptiveStats) of a finished state."""
-  decided = jnp.arange(opts.gen_length)[None, :] < state.n[:, None]
-  tokens, lengths, _ = base.finalize(state.response, decided, base.stop_ids(cfg),
-                                     base.output_pad_id(cfg))
-  out = base.decode_output(tokens, lengths, state.target_forwards + state.drafter_forwards,
-                           state.step, state.n, state.done, state.finite,
-                           base.output_pad_id(cfg))
+  out = spec.round_output(cfg, opts, state)
   out = AdaptiveOutput(**{f.name: getattr(out, f.name) for f in dataclasses.fields(out)},
                        modes=state.round_modes[:, 0], round_modes=state.round_modes)
   stats = AdaptiveStats(
@@ -436,7 +426,7 @@ def output(cfg: ModelConfig, opts: AdaptiveOptions, state: AdaptiveState):
 def _generate(tparams, dparams, prompt, valid, forced, rng, knobs, *, tcfg, dcfg, opts):
   kw = dict(tcfg=tcfg, dcfg=dcfg, opts=opts)
   state = _init(tparams, dparams, prompt, valid, forced, rng, knobs, **kw)
-  state = jax.lax.while_loop(functools.partial(_running, opts),
+  state = jax.lax.while_loop(functools.partial(spec.rounds_left, opts),
                              functools.partial(_step, tparams, dparams, knobs, **kw), state)
   return output(tcfg, opts, state)
 
@@ -503,7 +493,7 @@ def jit_step(params, cfg: ModelConfig, run: AdaptiveRun, state: AdaptiveState):
 
 
 def running(run: AdaptiveRun, state: AdaptiveState) -> Array:
-  return _running(run.opts, state)
+  return spec.rounds_left(run.opts, state)
 
 
 def response_view(cfg: ModelConfig, run: AdaptiveRun, state: AdaptiveState):

@@ -411,19 +411,27 @@ def _step(tparams, dparams, state: SpecState, *, tcfg, dcfg, opts: SpecOptions) 
       drafter_forwards=state.drafter_forwards + d_forwards)
 
 
-def _running(opts: SpecOptions, state: SpecState) -> Array:
+def rounds_left(opts, state) -> Array:
+  """The while_loop condition of a round-based hybrid (speculative, adaptive): rounds left,
+  and (with early_stop) a row still decoding."""
   more = state.step < opts.gen_length
   return more & ~jnp.all(state.done) if opts.early_stop else more
 
 
-def output(cfg: ModelConfig, opts: SpecOptions, state: SpecState):
-  """(base.DecodeOutput, SpecStats) of a finished state."""
+def round_output(cfg: ModelConfig, opts, state) -> base.DecodeOutput:
+  """The DecodeOutput of a finished round-based hybrid state: its first `n` response slots,
+  cut at a stop id; nfe counts the target's and the drafter's forwards."""
   decided = jnp.arange(opts.gen_length)[None, :] < state.n[:, None]
   tokens, lengths, _ = base.finalize(state.response, decided, base.stop_ids(cfg),
                                      base.output_pad_id(cfg))
-  out = base.decode_output(tokens, lengths, state.target_forwards + state.drafter_forwards,
-                           state.step, state.n, state.done, state.finite,
-                           base.output_pad_id(cfg))
+  return base.decode_output(tokens, lengths, state.target_forwards + state.drafter_forwards,
+                            state.step, state.n, state.done, state.finite,
+                            base.output_pad_id(cfg))
+
+
+def output(cfg: ModelConfig, opts: SpecOptions, state: SpecState):
+  """(base.DecodeOutput, SpecStats) of a finished state."""
+  out = round_output(cfg, opts, state)
   stats = SpecStats(target_forwards=state.target_forwards,
                     drafter_forwards=state.drafter_forwards, rounds=state.rounds,
                     drafted=state.drafted, accepted=state.accepted)
@@ -434,7 +442,7 @@ def output(cfg: ModelConfig, opts: SpecOptions, state: SpecState):
 def _generate(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts):
   kw = dict(tcfg=tcfg, dcfg=dcfg, opts=opts)
   state = _init(tparams, dparams, prompt, valid, rng, **kw)
-  state = jax.lax.while_loop(functools.partial(_running, opts),
+  state = jax.lax.while_loop(functools.partial(rounds_left, opts),
                              functools.partial(_step, tparams, dparams, **kw), state)
   return output(tcfg, opts, state)
 
@@ -503,7 +511,7 @@ def jit_step(params, cfg: ModelConfig, run: SpecRun, state: SpecState) -> SpecSt
 
 
 def running(run: SpecRun, state: SpecState) -> Array:
-  return _running(run.opts, state)
+  return rounds_left(run.opts, state)
 
 
 def response_view(cfg: ModelConfig, run: SpecRun, state: SpecState) -> tuple[Array, Array]:
