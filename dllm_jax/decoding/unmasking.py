@@ -7,11 +7,13 @@ Which slots a step commits is the decoder's ranking (remasking); how many is the
 
   even           LLaDA's split: step j of a block commits k // s, plus one for j < k % s.
   cosine         MaskGIT's cosine schedule. After step j of s, M_j slots of the block stay
-                 masked: M_{-1} = k and M_j = clip(floor(k * cos(pi/2 * (j + 1) / s) + 1e-9),
-                 s - 1 - j, M_{j-1} - 1) in float64 (the 1e-9 keeps exact integers such as
+                 masked: M_{-1} = k and M_j = min(floor(k * cos(pi/2 * (j + 1) / s) + 1e-9),
+                 M_{j-1} - 1) in float64 (the 1e-9 keeps exact integers such as
                  8 * cos(pi/3) = 4 from rounding down). Step j commits M_{j-1} - M_j: at least
-                 one, k in all after s steps (M_{s-1} = 0). With s = k every step commits one,
-                 exactly like even.
+                 one, k in all after s steps (M_{s-1} = 0). Every step has a slot left to
+                 commit: cos is concave on [0, pi/2], so k cos(pi/2 t) >= k (1 - t) and
+                 M_j >= s - 1 - j for s <= k. With s = k every step commits one, exactly
+                 like even.
   entropy_bound  The entropy-bounded (EB) sampler (Ben-Hamu et al. 2025, "Accelerated
                  Sampling from Masked Diffusion Models via Entropy Bounded Unmasking"; the
                  confidence-adaptive acceptance DiffusionGemma uses): take a block's masked
@@ -68,7 +70,7 @@ def counts(unmasking: str, block_length: int, steps: int) -> np.ndarray:
     remaining, out = k, []
     for j in range(s):
       target = math.floor(k * math.cos(math.pi / 2 * (j + 1) / s) + _EPS)
-      left = min(max(target, s - 1 - j), remaining - 1)
+      left = min(target, remaining - 1)
       out.append(remaining - left)
       remaining = left
     return np.asarray(out, np.int32)
