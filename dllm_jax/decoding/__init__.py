@@ -36,8 +36,22 @@ Option vocabulary (one name and one default per concept; `api.option_names(metho
   tau_add, tau_act, tau_conf  0.1, 0.95, 0.9   d2f       traced   D2F block thresholds
   max_active_blocks  None (no bound)  d2f                static   blocks in flight
   steps_per_block block_length      block_diffusion      static   forwards per block
+  unmasking       "even"            llada, dream,        static   tokens committed per step:
+                                    block_diffusion               "even" (LLaDA's split),
+                                                                  "cosine" (MaskGIT),
+                                                                  "entropy_bound" (adaptive)
+  entropy_bound   0.1               llada, dream,        traced   the entropy_bound rule's
+                                    block_diffusion               bound in nats (>= 0)
   remasking       "probability"     d2f, block_diffusion static   confidence ranking
   use_cache       True              d2f, block_diffusion static   exact K/V cache
+
+unmasking (`decoding.unmasking` states each rule exactly): even commits k // s per step of a
+block of k slots and s steps, plus one for the first k % s steps; cosine commits the
+differences of M_j = min(floor(k cos(pi/2 (j+1)/s)), M_{j-1} - 1) (slots still masked after
+step j; equal to even at s = k); entropy_bound commits, in the ranking's order, the longest
+prefix of masked slots whose entropies sum, less their largest, to at most entropy_bound (at
+least one): steps are dynamic, `steps` / `steps_per_block` stay unset, and nfe counts the
+forwards run.
 
 remasking takes the same names in every diffusion method: LLaDA's "low_confidence" /
 "random", Dream's "maskgit_plus" / "topk_margin" / "entropy" / "origin", and "probability" /

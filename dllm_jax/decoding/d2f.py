@@ -53,10 +53,11 @@ from that; a [B] array of keys (one per row) gives row b's response slot j, in t
 i-th forward, noise from `fold_in(fold_in(rng[b], i), j)` (the serving engine inserts rows
 into a running batch this way; every other field is per row).
 
-API: `d2f_generate`, `block_diffusion_generate` (the one-block, fixed-schedule special
-case); for step-level control `make_spec`, `init_state`, `step`, `output`, and the step
-interface every decoder module shares (`jit_init_state`, `jit_step`, `running`,
-`response_view`, `finish` on a `D2FOptions`), which streaming drives.
+API: `d2f_generate`, `block_diffusion_generate` (the one-block, count-rule special case,
+with an `unmasking` schedule: even, cosine or entropy_bound); for step-level control
+`make_spec`, `init_state`, `step`, `output`, and the step interface every decoder module
+shares (`jit_init_state`, `jit_step`, `running`, `response_view`, `finish` on a
+`D2FOptions`), which streaming drives.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from dllm_jax.decoding import base, llada, sampling
+from dllm_jax.decoding import base, llada, sampling, unmasking as unmasking_lib
 from dllm_jax.decoding import d2f_state as ds
 from dllm_jax.decoding.d2f_state import D2FSpec, D2FState
 from dllm_jax.models import kv_cache as kvc
@@ -89,7 +90,9 @@ def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
               tau_add: float = 0.1, tau_act: float = 0.95, tau_conf: float = 0.9,
               rule: str = "threshold", steps_per_block: int | None = None,
               temperature: float = 0.0, remasking: str = "probability",
-              use_cache: bool = True, window: str = "fitted", block_size=None):
+              use_cache: bool = True, window: str = "fitted", block_size=None,
+              unmasking: str = "even",
+              entropy_bound: float = unmasking_lib.DEFAULT_ENTROPY_BOUND):
   """Checks the decode settings (ValueError naming the fix).
 
   Returns (D2FSpec, the static part: a jit argument; Thresholds, the traced part).
@@ -118,6 +121,17 @@ def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
     raise ValueError(f"tau_conf={tau_conf} must be >= 0 (above 1: only the top-1 rule).")
   if rule not in ds.COMMIT_RULES:
     raise ValueError(f"Unknown commit rule {rule!r}; use one of {ds.COMMIT_RULES}.")
+  unmasking_lib.check(unmasking, entropy_bound)
+  if rule != "count" and unmasking != "even":
+    raise ValueError(f"unmasking={unmasking!r} sets the count rule's schedule (block "
+                     f"diffusion); the {rule!r} rule commits by threshold. Leave it 'even'.")
+  if rule == "count" and unmasking == "entropy_bound":
+    if steps_per_block not in (None, block_size):
+      raise ValueError(
+          f"steps_per_block={steps_per_block}: unmasking='entropy_bound' chooses how many "
+          f"tokens each step commits, so the steps per block are dynamic (at most "
+          f"block_length={block_size}); leave steps_per_block unset.")
+    steps_per_block = block_size  # the bound: every step commits at least one token
   if rule == "count":
     steps_per_block = block_size if steps_per_block is None else steps_per_block
     if not isinstance(steps_per_block, (int, np.integer)) or not \
@@ -138,15 +152,21 @@ def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
       block_size=int(block_size), num_blocks=n, max_active=int(active), rule=rule,
       steps_per_block=int(steps_per_block) if rule == "count" else 0,
       remasking=remasking, use_cache=bool(use_cache),
-      mask_id=cfg.mask_token_id, stop_ids=base.stop_ids(cfg), pad_id=pad, window=window)
-  return spec, ds.Thresholds.create(block_size, tau_add, tau_act, tau_conf, temperature)
+      mask_id=cfg.mask_token_id, stop_ids=base.stop_ids(cfg), pad_id=pad, window=window,
+      unmasking=unmasking)
+  return spec, ds.Thresholds.create(block_size, tau_add, tau_act, tau_conf, temperature,
+                                    entropy_bound)
 
 
 # ----------------------------------------------------------------------------- model calls
 
 def _proposals(logits: Array, spec: D2FSpec, limits: ds.Thresholds, rng: Array,
                slots: Array):
-  """[B, T, V] logits -> proposed tokens, their probability, their ranking score [B, T].
+  """[B, T, V] logits -> proposed tokens, their gate value, their ranking score [B, T].
+
+  The gate is what the commit rule tests besides the ranking: the proposal's probability,
+  or (count rule with unmasking="entropy_bound") the entropy of the model's distribution
+  (unscaled logits, [MASK] forbidden).
 
   `slots` [B, T] are the response slots the logits belong to. Random draws use one key per
   row and slot, so a row's samples depend neither on the batch or shard it is decoded in nor
@@ -165,9 +185,10 @@ def _proposals(logits: Array, spec: D2FSpec, limits: ds.Thresholds, rng: Array,
       logits, keys[..., 0])
   scaled = sampling.scale(logits, limits.temperature)
   prob = sampling.confidence(scaled, x0, "probability")
+  gate = unmasking_lib.predictive_entropy(logits) if spec.unmasking == "entropy_bound" else prob
   score = prob if spec.remasking == "probability" else jax.vmap(jax.vmap(
       lambda s, x, k: sampling.confidence(s, x, spec.remasking, k)))(scaled, x0, keys[..., 1])
-  return x0, prob, score
+  return x0, gate, score
 
 
 def _window_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, blocks: int,
@@ -412,14 +433,16 @@ def d2f_options(cfg: ModelConfig, **options) -> D2FOptions:
 def block_diffusion_options(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
                             block_length: int | None = None, steps_per_block=None,
                             temperature: float = 0.0, remasking: str = "probability",
-                            use_cache: bool = True, block_size=None) -> D2FOptions:
+                            use_cache: bool = True, block_size=None, unmasking: str = "even",
+                            entropy_bound: float = unmasking_lib.DEFAULT_ENTROPY_BOUND
+                            ) -> D2FOptions:
   """`block_diffusion_generate`'s decode options: D2F with one block in flight, no
-  threshold (tau_conf = inf) and the count rule."""
+  threshold (tau_conf = inf) and the count rule with the `unmasking` schedule."""
   return D2FOptions(*make_spec(
       cfg, gen_length=gen_length, block_length=block_length, block_size=block_size,
       max_active_blocks=1, tau_add=1.0, tau_act=1.0, tau_conf=math.inf, rule="count",
       steps_per_block=steps_per_block, temperature=temperature, remasking=remasking,
-      use_cache=use_cache))
+      use_cache=use_cache, unmasking=unmasking, entropy_bound=entropy_bound))
 
 
 def check(cfg: ModelConfig, tokens, valid, opts: D2FOptions) -> None:
@@ -503,19 +526,25 @@ def block_diffusion_generate(params, cfg: ModelConfig, prompt_tokens, prompt_val
                              steps_per_block: int | None = None, temperature: float = 0.0,
                              remasking: str = "probability", use_cache: bool = True,
                              on_nonfinite: str = "raise", mesh=None, rules=None,
-                             return_state: bool = False, block_size=None):
+                             return_state: bool = False, block_size=None,
+                             unmasking: str = "even",
+                             entropy_bound: float = unmasking_lib.DEFAULT_ENTROPY_BOUND):
   """Block diffusion (BD3-style semi-AR) decoding: the one-block special case of D2F.
 
   One block at a time; within a block of k masks and s = steps_per_block steps (default k:
-  one token per step), step i commits the k // s (+1 for i < k % s) most confident masked
-  slots (LLaDA's schedule). A finished block is written to the cache by the next block's
-  first forward (the first forward also writes the prompt), so `nfe = N * s` exactly.
-  Arguments as in `d2f_generate`.
+  one token per step), step i commits the `unmasking` schedule's count of most confident
+  masked slots: "even" (default, LLaDA's: k // s, +1 for i < k % s) or "cosine"
+  (MaskGIT's). A finished block is written to the cache by the next block's first forward
+  (the first forward also writes the prompt), so `nfe = N * s` exactly. With
+  unmasking="entropy_bound" each step commits the longest prefix of the ranked masked slots
+  whose entropies sum, less their largest, to at most `entropy_bound` (at least one): the
+  steps per block are dynamic (at most k) and nfe counts the forwards actually run
+  (`unmasking.py` states each rule exactly). Other arguments as in `d2f_generate`.
   """
   opts = block_diffusion_options(
       cfg, gen_length=gen_length, block_length=block_length, block_size=block_size,
       steps_per_block=steps_per_block, temperature=temperature, remasking=remasking,
-      use_cache=use_cache)
+      use_cache=use_cache, unmasking=unmasking, entropy_bound=entropy_bound)
   return _generate(params, cfg, opts.spec, opts.limits, prompt_tokens, prompt_valid, rng, mesh,
                    rules, return_state, on_nonfinite)
 

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import base, sampling
+from dllm_jax.decoding import base, sampling, unmasking
 from dllm_jax.models import kv_cache as kvc
 
 Array = jnp.ndarray
@@ -65,8 +65,10 @@ class D2FSpec:
     num_blocks: N = G // k.
     max_active: most blocks in flight (active) at once; N means no bound (the reference).
     rule: "threshold" (D2F: probability above tau_conf, plus the top-1 of a fully activated
-      block) or "count" (block diffusion: block step i commits k // s, +1 for i < k % s).
-    steps_per_block: s of the "count" rule (0 for "threshold").
+      block) or "count" (block diffusion: block step i commits the `unmasking` schedule's
+      count, e.g. k // s, +1 for i < k % s).
+    steps_per_block: s of the "count" rule (0 for "threshold"; k, the bound, for
+      unmasking="entropy_bound").
     remasking: confidence kind that ranks positions (sampling.CONFIDENCE_KINDS); the
       threshold itself always reads the probability of the proposed token.
     use_cache: exact K/V cache of final blocks; False recomputes the whole canvas per step.
@@ -74,6 +76,8 @@ class D2FSpec:
       row's uncached blocks (`bucket_sizes`); "full" forwards the widest window the
       settings allow (A blocks, or A + 1 when some row must write a final block).
     mask_id, stop_ids, pad_id: special ids from the model config.
+    unmasking: the count rule's schedule, "even", "cosine" or "entropy_bound"
+      (`unmasking.py`); "even" for the threshold rule.
   """
   block_size: int
   num_blocks: int
@@ -86,6 +90,7 @@ class D2FSpec:
   stop_ids: tuple[int, ...]
   pad_id: int
   window: str = "fitted"
+  unmasking: str = "even"
 
   @property
   def gen_length(self) -> int:
@@ -121,22 +126,26 @@ class Thresholds:
     temperature: [] float32, 0 is greedy (exactly: argmax); else Gumbel-max sampling.
     row_offset: [] int32, the global index of row 0 (a data-parallel shard of a batch
       passes its first row's): row r draws its random keys as row `row_offset + r`.
+    entropy_bound: [] float32, the count rule's entropy bound (unmasking="entropy_bound").
   """
   add_count: Array
   act_count: Array
   tau_conf: Array
   temperature: Array
   row_offset: Array = 0
+  entropy_bound: Array = unmasking.DEFAULT_ENTROPY_BOUND
 
   @classmethod
   def create(cls, block_size: int, tau_add: float, tau_act: float, tau_conf: float,
-             temperature: float = 0.0):
+             temperature: float = 0.0,
+             entropy_bound: float = unmasking.DEFAULT_ENTROPY_BOUND):
     # NumPy scalars: the jitted decoder transfers them with its other arguments.
     return cls(add_count=np.asarray(fraction_to_count(tau_add, block_size), np.int32),
                act_count=np.asarray(fraction_to_count(tau_act, block_size), np.int32),
                tau_conf=np.asarray(tau_conf, np.float32),
                temperature=np.asarray(temperature, np.float32),
-               row_offset=np.asarray(0, np.int32))
+               row_offset=np.asarray(0, np.int32),
+               entropy_bound=np.asarray(entropy_bound, np.float32))
 
 
 @flax.struct.dataclass
@@ -212,8 +221,10 @@ def admit(spec: D2FSpec, state: D2FState) -> D2FState:
 
 
 def commit_mask(spec: D2FSpec, state: D2FState, prob: Array, score: Array) -> Array:
-  """[B, G] bool: the slots this step decides, given per-slot proposals' probability and
-  ranking score ([B, G] float32; slots outside the forward window may hold anything)."""
+  """[B, G] bool: the slots this step decides, given per-slot proposals' gate value and
+  ranking score ([B, G] float32; slots outside the forward window may hold anything). The
+  gate is the proposal's probability (threshold rule) or its predictive entropy (count rule
+  with unmasking="entropy_bound"; unused by the other count schedules)."""
   b, k, n = state.decided.shape[0], spec.block_size, spec.num_blocks
   block = jnp.arange(spec.gen_length, dtype=jnp.int32) // k
   active = ((block[None] >= state.ready[:, None]) & (block[None] < state.n_blocks[:, None])
@@ -228,9 +239,14 @@ def commit_mask(spec: D2FSpec, state: D2FState, prob: Array, score: Array) -> Ar
     best = sampling.best_mask(score, cand)
     fallback = full & ~jnp.any(above, -1)
     commit = above | (best & fallback[..., None])
+  elif spec.rule == "count" and spec.unmasking == "entropy_bound":
+    commit = unmasking.entropy_bound_mask(
+        score.reshape(b * n, k), prob.reshape(b * n, k), cand.reshape(b * n, k),
+        state.limits.entropy_bound).reshape(b, n, k)
   elif spec.rule == "count":
     s = spec.steps_per_block
-    quota = k // s + (state.block_steps < k % s).astype(jnp.int32)  # [B, N]
+    per_step = jnp.asarray(unmasking.counts(spec.unmasking, k, s))         # [s]
+    quota = per_step[jnp.minimum(state.block_steps, s - 1)]                # [B, N]
     commit = sampling.top_k_mask(score.reshape(b * n, k), quota.reshape(b * n))
     commit = commit.reshape(b, n, k) & cand
   else:

@@ -6,16 +6,21 @@ N = G // block_length blocks, S = steps.
 The canvas is `prompt | G x [MASK]`. Step i of S works on block i // (S / N): one
 bidirectional forward over the whole canvas (no cache) proposes a token and a confidence for
 each masked slot of the current block (later blocks never compete), and each row commits its
-`k_i` most confident proposals. Within a block of m masks and s steps, step j commits m // s
-tokens plus one for the first m % s steps (LLaDA's schedule, precomputed statically). The
+`k_i` most confident proposals. How many is the `unmasking` schedule (`unmasking.py`):
+"even" (default, LLaDA's): within a block of m masks and s steps, step j commits m // s
+tokens plus one for the first m % s steps; "cosine" (MaskGIT's): the counts of a cosine
+masking curve; both are precomputed statically. "entropy_bound" (the EB sampler) decides
+each row's count from the step's entropies (traced bound `entropy_bound`), so steps are
+dynamic: each row works on its own first block with masks left, and the loop ends when every
+row is done (G steps at most, the while_loop's static bound; `steps` must stay G). The
 Gumbel-max proposal runs in float32 (the reference uses float64 noise).
 
 Remasking (the confidence that orders commits): LLaDA `low_confidence` (probability of the
 proposal) and `random`; Dream `maskgit_plus` (= probability), `topk_margin`, `entropy` and
 `origin` (= random). `alg_temp` > 0 samples the order (Gumbel-top-k) instead of taking the top.
-Confidences always come from the unscaled guided logits, as in LLaDA (Dream scores the
-temperature-scaled distribution; both agree at temperature 0). The count per step is LLaDA's
-even schedule, also for Dream's orderings.
+Confidences (and the entropy-bound rule's entropies) always come from the unscaled guided
+logits, as in LLaDA (Dream scores the temperature-scaled distribution; both agree at
+temperature 0). Every schedule works with every ordering.
 
 NFE counts model calls: a CFG step runs the conditional and the prompt-masked copy as one
 batched call of 2B rows and counts once (the `DecodeOutput.nfe` convention); its compute per
@@ -27,8 +32,8 @@ be committed before the stop, and everything after it is cut. Rows never interac
 forwards and random keys are per row), so freezing one cannot change another. The loop exits
 when every row is done.
 
-temperature, alg_temp and cfg_scale are traced (`LLaDAOptions.split`; only CFG on/off is
-static, since it doubles the forward batch): sweeping them never recompiles. A row whose
+temperature, alg_temp, cfg_scale and entropy_bound are traced (`LLaDAOptions.split`; only
+CFG on/off is static, since it doubles the forward batch): sweeping them never recompiles. A row whose
 block logits are ever non-finite is flagged (`DecodeOutput.finite`).
 """
 
@@ -42,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import base, sampling
+from dllm_jax.decoding import base, sampling, unmasking as unmasking_lib
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.models.transformer import Transformer
 
@@ -73,6 +78,10 @@ class LLaDAOptions:
     confidence_eos_eot_inf: slots proposing EOS/EoT are committed after every other
       candidate of the block (their confidence ranks below all others), at any temperature.
     early_stop: freeze rows whose answer is final and exit when all rows are (see module doc).
+    unmasking: tokens committed per step: "even" (LLaDA), "cosine" (MaskGIT) or
+      "entropy_bound" (adaptive; `unmasking.py` states each rule exactly).
+    entropy_bound: the entropy-bound rule's bound in nats (>= 0; inf commits whole blocks);
+      read only with unmasking="entropy_bound".
   """
   gen_length: int = base.GEN_LENGTH
   block_length: int | None = None
@@ -84,6 +93,8 @@ class LLaDAOptions:
   logits_eos_inf: bool = False
   confidence_eos_eot_inf: bool = False
   early_stop: bool = True
+  unmasking: str = "even"
+  entropy_bound: float = unmasking_lib.DEFAULT_ENTROPY_BOUND
 
   def __post_init__(self):
     g = self.gen_length
@@ -101,6 +112,11 @@ class LLaDAOptions:
       raise ValueError(
           f"steps={s} must be a multiple of the number of blocks ({n} = gen_length / "
           f"block_length) between {n} and gen_length={g}.")
+    unmasking_lib.check(self.unmasking, self.entropy_bound)
+    if self.adaptive and s != g:
+      raise ValueError(
+          f"steps={s}: unmasking='entropy_bound' chooses how many tokens each step commits, so "
+          f"the number of steps is dynamic (at most gen_length={g}); leave steps unset.")
     if self.remasking not in REMASKING:
       raise ValueError(f"Unknown remasking {self.remasking!r}; use one of {tuple(REMASKING)}.")
     for name in ("temperature", "alg_temp", "cfg_scale"):
@@ -108,11 +124,12 @@ class LLaDAOptions:
 
   def split(self):
     """(static options, traced knobs). The static part keeps only whether CFG is on; the
-    knobs hold temperature, alg_temp and the CFG weight `cfg_scale + 1` (computed here in
-    float64, as the untraced formula did)."""
+    knobs hold temperature, alg_temp, entropy_bound and the CFG weight `cfg_scale + 1`
+    (computed here in float64, as the untraced formula did)."""
     static, knobs = base.split_options(
         self, {"temperature": 0.0, "alg_temp": 0.0,
-               "cfg_scale": 0.0 if self.cfg_scale == 0 else 1.0}, {})
+               "cfg_scale": 0.0 if self.cfg_scale == 0 else 1.0,
+               "entropy_bound": unmasking_lib.DEFAULT_ENTROPY_BOUND}, {})
     knobs["cfg_scale"] = np.asarray(self.cfg_scale + 1.0, np.float32)
     return static, knobs
 
@@ -123,6 +140,17 @@ class LLaDAOptions:
   @property
   def steps_per_block(self) -> int:
     return self.steps // self.num_blocks
+
+  @property
+  def adaptive(self) -> bool:
+    """The count per step depends on the step's logits (entropy_bound), not on a schedule."""
+    return self.unmasking not in unmasking_lib.FIXED
+
+
+def schedule(opts: LLaDAOptions) -> np.ndarray:
+  """[S] tokens committed per step by a fixed schedule (even / cosine), block after block."""
+  per_block = unmasking_lib.counts(opts.unmasking, opts.block_length, opts.steps_per_block)
+  return np.tile(per_block, opts.num_blocks)
 
 
 def transfer_schedule(block_length: int, steps_per_block: int, num_blocks: int) -> np.ndarray:
@@ -225,13 +253,44 @@ def row_done(cfg: ModelConfig, response: Array, decided: Array) -> Array:
   return base.first_stop_decided(response, decided, base.stop_ids(cfg)) | jnp.all(decided, 1)
 
 
+def _block_start(cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> Array:
+  """Canvas column of the block each row works on: [] step // steps_per_block for a fixed
+  schedule; [B] each row's first block with a mask left for entropy_bound (the last block
+  for a row with none: it has no candidates)."""
+  t = state.canvas.shape[1]
+  first = t - opts.gen_length
+  if not opts.adaptive:
+    return first + (state.step // opts.steps_per_block) * opts.block_length
+  b = state.canvas.shape[0]
+  masked = state.canvas[:, first:] == cfg.mask_token_id
+  open_blocks = jnp.any(masked.reshape(b, opts.num_blocks, opts.block_length), axis=-1)
+  block = jnp.where(jnp.any(open_blocks, 1), jnp.argmax(open_blocks, 1), opts.num_blocks - 1)
+  return first + block.astype(jnp.int32) * opts.block_length
+
+
+def _take_block(x: Array, start: Array, width: int) -> Array:
+  """[B, T, ...] -> [B, width, ...] from column `start` ([] shared or [B] per row)."""
+  if start.ndim == 0:
+    return jax.lax.dynamic_slice_in_dim(x, start, width, 1)
+  return jax.vmap(lambda r, s: jax.lax.dynamic_slice_in_dim(r, s, width, 0))(x, start)
+
+
+def _put_block(x: Array, block: Array, start: Array) -> Array:
+  """Writes [B, W] `block` into [B, T] `x` at column `start` ([] or [B])."""
+  if start.ndim == 0:
+    return jax.lax.dynamic_update_slice_in_dim(x, block, start, 1)
+  return jax.vmap(lambda r, u, s: jax.lax.dynamic_update_slice_in_dim(r, u, s, 0))(
+      x, block, start)
+
+
 def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLaDAState:
-  """One denoising step: forward, propose, score, commit the scheduled top-k per row."""
+  """One denoising step: forward, propose, score, commit each row's top-k (k from the
+  unmasking schedule, or the entropy bound)."""
   b, t = state.canvas.shape
   bl = opts.block_length
-  start = t - opts.gen_length + (state.step // opts.steps_per_block) * bl
+  start = _block_start(cfg, opts, state)
   # Only the current block competes: propose and score its [B, b] slots.
-  logits = jax.lax.dynamic_slice_in_dim(_guided_logits(params, cfg, opts, state), start, bl, 1)
+  logits = _take_block(_guided_logits(params, cfg, opts, state), start, bl)
   finite = state.finite & (sampling.all_finite(logits) | state.done)
   logits = sampling.forbid(logits, forbidden_ids(cfg, opts))
   keys = jax.vmap(lambda k: jax.random.split(k, 3))(                   # [B, 3]
@@ -241,25 +300,35 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
   kind = REMASKING[opts.remasking]
   conf = jax.vmap(lambda lg, x, k: sampling.confidence(lg, x, kind, k))(logits, x0, keys[:, 1])
 
-  block = jax.lax.dynamic_slice_in_dim(state.canvas, start, bl, 1)
+  block = _take_block(state.canvas, start, bl)
   active = ~state.done if opts.early_stop else jnp.ones((b,), bool)
   candidates = (block == cfg.mask_token_id) & active[:, None]
   demoted = None
   if opts.confidence_eos_eot_inf:
     demoted = jnp.isin(x0, jnp.asarray(base.stop_ids(cfg), jnp.int32))
-  schedule = jnp.asarray(transfer_schedule(bl, opts.steps_per_block, opts.num_blocks))
-  k = jnp.broadcast_to(schedule[state.step], (b,))
-  commit = select_ranked(conf, candidates, k, state.knobs["alg_temp"], keys[:, 2], demoted)
+  if opts.adaptive:
+    order = jax.vmap(lambda s, c, k: unmasking_lib.order_scores(
+        s, c, state.knobs["alg_temp"], k))(conf, candidates, keys[:, 2])
+    commit = unmasking_lib.entropy_bound_mask(
+        order, unmasking_lib.predictive_entropy(logits), candidates,
+        state.knobs["entropy_bound"], demoted)
+  else:
+    k = jnp.broadcast_to(jnp.asarray(schedule(opts))[state.step], (b,))
+    commit = select_ranked(conf, candidates, k, state.knobs["alg_temp"], keys[:, 2], demoted)
 
-  canvas = jax.lax.dynamic_update_slice_in_dim(state.canvas, jnp.where(commit, x0, block),
-                                               start, 1)
+  canvas = _put_block(state.canvas, jnp.where(commit, x0, block), start)
   new = state.replace(canvas=canvas, step=state.step + 1, nfe=state.nfe + 1, finite=finite,
                       committed=state.committed + jnp.sum(commit, axis=1, dtype=jnp.int32))
   return new.replace(done=row_done(cfg, *response_view(cfg, opts, new)))
 
 
 def running(opts: LLaDAOptions, state: LLaDAState) -> Array:
+  """More steps to run: a fixed schedule runs its `steps`; entropy_bound runs until every
+  row is done (early_stop) or fully decided (G steps at most: each step commits >= 1 per
+  row with masks left). With early_stop, rows that are done end the loop either way."""
   more = state.step < opts.steps
+  if opts.adaptive and not opts.early_stop:
+    more = more & ~jnp.all(state.committed >= opts.gen_length)
   return more & ~jnp.all(state.done) if opts.early_stop else more
 
 
