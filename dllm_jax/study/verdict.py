@@ -6,7 +6,10 @@
 
 Every claim in CLAIMS is judged on the batch-1 cells of its method against one baseline cell
 (AR, or vanilla LLaDA: steps = G, low-confidence remasking), and nothing is filtered away:
-every judged cell is stored with its figures. A cell's speedup over its baseline splits into
+every judged cell is stored with its figures. A claim judged on the headline task takes its
+accuracy AND its speed from that task's prompts (each batch-1 prompt is timed on its own, so
+`per_task_time` holds every task's own tokens, time and forwards); a claim on the mixed suite
+("all tasks") uses every prompt. A cell's speedup over its baseline splits into
 measured factors,
 
     speedup = tokens_ratio * nfe_ratio / forward_cost_ratio,
@@ -35,7 +38,8 @@ Schema (study.json "verdict"): {task, ar, llada_vanilla, platform, batch_size: 1
    [, premise_d2f_loss_points]}, published, accuracy_on (task or "all tasks"), gen_length (the
    baseline's G), baseline_setting, cells [per judged cell: label, method, speedup,
    speedup_median, accuracy, accuracy_delta_points, num_correct, tokens_ratio, nfe_ratio,
-   forward_cost_ratio, speedup_at_equal_forward_cost, nfe_per_prompt
+   forward_cost_ratio, speedup_at_equal_forward_cost, nfe_per_prompt, speed_on (the task
+   whose prompts the speed is measured on, or "all tasks")
    [, tokens_per_verifier_forward, draft_length]], figure (one of cells or null), premise
    (adaptive: {best_d2f_label, best_d2f_accuracy_delta_points}, else null), status, reason,
    deciding_factor {name, value} or null}]}. Ratios that cannot be formed are null.
@@ -386,16 +390,18 @@ def _cell_line(c: dict, base: str) -> str:
 def verdict_text(v: dict) -> str:
   """The printed report: each claim's status, figure and reason, then its cells (each set of
   cells once: the 10x and 50x LLaDA claims share theirs)."""
-  lines = [f"Claims checked at batch 1 (accuracy on {v['task']!r} unless noted; AR = "
+  lines = [f"Claims checked at batch 1 (accuracy and speed on {v['task']!r} unless noted; AR = "
            f"{v['ar']!r}, vanilla LLaDA = {v['llada_vanilla']!r}, platform {v['platform']}):"]
   shown = set()
   for c in v["claims"]:
     lines.append(f"  [{c['status'].upper()}] {c['text']}")
     fig = c["figure"]
     if fig is not None:
+      on = fig.get("speed_on", "all tasks")
       lines.append(f"    figure: {fig['label']}: {_x(fig['speedup'])}, accuracy "
                    f"{_fmt(fig['accuracy_delta_points'], '+.1f')} points"
-                   + (f" (G={c['gen_length']})" if c["gen_length"] else ""))
+                   + (f" (G={c['gen_length']})" if c["gen_length"] else "")
+                   + ("" if on == "all tasks" else f", speed on {on} prompts"))
     lines.append(f"    {c['reason']}")
     lines.append(f"    published: {c['published']}")
     key = (c["method"], c["baseline"])
