@@ -173,7 +173,7 @@ def _micro_config():
                                                                           "study.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  c = config_dict.ConfigDict(module.get_config().to_dict())
+  c = config_dict.ConfigDict(module.get_config("short").to_dict())
   for name in ("ar", "mdm", "d2f"):
     m = c.models[name]
     m.train.steps, m.train.batch_size, m.train.log_every = 3, 8, 1
@@ -184,7 +184,7 @@ def _micro_config():
   c.eval.num_prompts = 3
   c.eval.batch_sizes = (1, 2)
   keep = {"ar", "llada steps=G", "llada steps=G/2", "fast-dllm tau=0.9 dual",
-          "d2f k=4 tau=0.9", "block diffusion k=4", "speculative d2f k=4"}
+          "d2f k=4 tau=0.9", "block diffusion k=4", "speculative d2f k=4", "adaptive k=4"}
   c.methods = [m for m in c.methods if m["label"] in keep]
   return c
 
@@ -197,7 +197,7 @@ def test_micro_study_end_to_end(tmp_path, monkeypatch):
   accounting.validate_json(doc)
   for f in ("study.md", "study.json", "study_pareto.png"):
     assert (tmp_path / f).stat().st_size > 0
-  assert len(doc["results"]) == 7 * 2
+  assert len(doc["results"]) == 8 * 2
   g = doc["gen_length"]
   for row in doc["results"]:
     assert row["num_prompts"] == 3
