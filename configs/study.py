@@ -1,11 +1,11 @@
 """The speed-versus-quality study (the README's main job).
 
-  python experiments/study.py           # default: mixed tasks, long worked answers (runs/study)
-  python experiments/study.py --short   # short answers only                 (runs/study_short)
+  python experiments/study.py           # default: short answers, ~11 min     (runs/study)
+  python experiments/study.py --mixed   # mixed tasks, long worked answers   (runs/study_mixed)
   python experiments/study.py --long    # long answers, ~35 min on CPU        (runs/study_long)
   python experiments/study.py --full    # larger, for an accelerator          (runs/study_full)
 
-`--short` / `--long` / `--full` stand for `--config configs/study.py:short` / `:long` / `:full`.
+`--mixed` / `--long` / `--full` stand for `--config configs/study.py:mixed` / `:long` / `:full`.
 
 Three models of the same size on the same synthetic data: an AR model, a masked-diffusion
 model (MDM; `mdm_from_ar=True` starts it from the trained AR model's weights), and a D2F
@@ -17,7 +17,9 @@ from configs/{ar,mdm,d2f}_tiny.py; this file only sets what the study must hold 
 canvas, steps) and the decoding grid. Every setting listed here is reported; none is dropped.
 
 Modes:
-  ""     the mixed suite (MIXED): three-digit addition worked column by column
+  ""     two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16), ~11 minutes: the
+         regime where AR needs ~3.5 forwards and parallel decoding has little to save.
+  mixed  the mixed suite (MIXED): three-digit addition worked column by column
          (`long_addition:2`, 31-character answers, weight 2: the headline task), sorting five
          digits (copying-like), two-digit addition (`37+48=85`, short answers) and running
          sums (`running_sum:1`: each digit depends on the previous one, so parallel commits
@@ -25,10 +27,10 @@ Modes:
          Dream's shifted logits (AR-to-diffusion adaptation): measured on this suite, its
          masked-token eval accuracy is 85.6% after 300 steps, above the from-scratch MDM's
          80.9% after 600 (and 90.2% at its 600 steps); the D2F student (block 16) starts
-         from the MDM. At these step counts the diffusion models are still short of the
-         accuracy 31-token exact answers need (see BENCHMARKS.md).
-  short  two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16): the regime where
-         AR needs ~3.5 forwards and parallel decoding has nothing to save.
+         from the MDM. At these step counts (a 15-minute budget on 2 CPU cores) the diffusion
+         models are still short of the accuracy 31-token exact answers need: on this CPU
+         the mode shows where parallel decoding loses, not yet where it wins
+         (BENCHMARKS.md).
   long   three-digit addition worked column by column (`long_addition:2`, 31-character
          answers, G = 32): the regime the published D2F ratios come from. Its MDM trains from
          scratch and needs far more steps, so this mode takes ~35 minutes on 2 idle CPU cores.
@@ -57,24 +59,24 @@ import os
 from ml_collections import config_dict
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-MODES = ("", "short", "long", "full")
+MODES = ("", "mixed", "long", "full")
 # The default mode's mixed suite: long worked answers (weight 2: the headline task), sorting
 # (copying-like: safe in parallel), short answers, and running sums (parallel commits fail).
 MIXED = "long_addition:2:2,sorting:1,arithmetic:1,running_sum:1"
 # mode -> (tasks, canvas block: G is the longest answer + EOS rounded up to it, D2F train block)
-DATA = {"": (MIXED, 8, 16), "short": ("arithmetic:1", 16, 4), "long": ("long_addition:2", 8, 16),
+DATA = {"": ("arithmetic:1", 16, 4), "mixed": (MIXED, 8, 16), "long": ("long_addition:2", 8, 16),
         "full": ("long_addition:2,long_addition:3,long_addition:4", 16, 16)}
-STEPS = {"": {"ar": 1200, "mdm": 600, "d2f": 500},
-         "short": {"ar": 1500, "mdm": 3000, "d2f": 1000},
+STEPS = {"": {"ar": 1500, "mdm": 3000, "d2f": 1000},
+         "mixed": {"ar": 1200, "mdm": 600, "d2f": 500},
          "long": {"ar": 1500, "mdm": 6000, "d2f": 1500},
          "full": {"ar": 20000, "mdm": 40000, "d2f": 10000}}
 # Modes whose MDM starts from the trained AR model (with Dream's shifted logits, so that the
 # AR model's next-token predictions sit where the MDM reads slot i: at i - 1).
-FROM_AR = ("",)
+FROM_AR = ("mixed",)
 # Train records per mode where the default (200k) is more than the models see: the default
 # mode's AR model sees 1200 x 64 = 77k examples, and writing 200k records costs ~40 s.
-TRAIN_SIZE = {"": 64_000}
-HEADLINE = {"": "long_addition", "short": "arithmetic", "long": "long_addition",
+TRAIN_SIZE = {"mixed": 64_000}
+HEADLINE = {"": "arithmetic", "mixed": "long_addition", "long": "long_addition",
             "full": "long_addition"}
 
 
@@ -111,7 +113,7 @@ def _adaptive(tasks: str, k: int, tags: bool):
 def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
   """The decoding grid. Vanilla LLaDA is one block over the whole canvas, one token a step."""
   g = gen_length
-  blocks = {"": (8, 16), "short": (4, 8), "long": (8, 16), "full": (8, 16)}[mode]
+  blocks = {"": (4, 8), "mixed": (8, 16), "long": (8, 16), "full": (8, 16)}[mode]
   d2f = []
   for block in blocks:
     for active in (None, 2) if g // block > 2 else (None,):
@@ -154,7 +156,7 @@ def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
 def get_config(mode: str = ""):
   if mode not in MODES:
     raise ValueError(f"unknown study mode {mode!r}; use configs/study.py, "
-                     "configs/study.py:short, configs/study.py:long or configs/study.py:full")
+                     "configs/study.py:mixed, configs/study.py:long or configs/study.py:full")
   full = mode == "full"
   tasks, block, train_block = DATA[mode]
   c = config_dict.ConfigDict()

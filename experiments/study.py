@@ -1,14 +1,14 @@
 """The speed-versus-quality study: train (or load) AR, MDM and D2F models, decode the same
 held-out prompts with every decoder, and write a table, a JSON file and a Pareto plot.
 
-  python experiments/study.py                 # default: mixed tasks, long worked answers
-  python experiments/study.py --short         # short answers only (configs/study.py:short)
+  python experiments/study.py                 # default: short answers (~11 min on 2 cores)
+  python experiments/study.py --mixed         # mixed tasks, long worked answers (:mixed)
   python experiments/study.py --long          # long answers (configs/study.py:long)
   python experiments/study.py --full          # the larger accelerator mode
   python experiments/study.py --long --config.eval.num_prompts=64
-  python experiments/study.py --config.mdm_from_ar=False  # MDM from scratch (default: from AR)
+  python experiments/study.py --mixed --config.mdm_from_ar=False  # its MDM from scratch
 
-`--short`, `--long` and `--full` stand for `--config configs/study.py:short`, `:long` and
+`--mixed`, `--long` and `--full` stand for `--config configs/study.py:mixed`, `:long` and
 `:full`. The workdir defaults to runs/study, or runs/study_<mode>; rerunning reuses the
 trained models cached there (as orbax checkpoints) and the TFDS data files under
 <workdir>/data. The printed and stored verdict (dllm_jax/study/verdict.py) names every claim.

@@ -114,7 +114,7 @@ def test_command_line_typo_is_an_error(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-STUDY_MODES = ["", "short", "long", "full"]
+STUDY_MODES = ["", "mixed", "long", "full"]
 
 
 @pytest.mark.parametrize("mode", STUDY_MODES)
@@ -142,19 +142,19 @@ def test_every_study_mode_trains_valid_models(mode, tmp_path):
   cfgs = {n: config_lib.model_config(models_lib.training_config(study, n, tmp_path))
           for n in models_lib.ORDER}
   assert cfgs["mdm"].shift_logits == cfgs["d2f"].shift_logits == bool(study.mdm_from_ar)
-  assert study.mdm_from_ar == (mode == "")
+  assert study.mdm_from_ar == (mode == "mixed")
   assert study.eval.headline_task in {t.split(":")[0] for t in study.data.tasks.split(",")}
   with pytest.raises(ValueError, match="unknown study mode"):
     module.get_config("fast")
 
 
-def test_default_study_mode_mixes_safe_short_and_failing_tasks():
-  """The default mode shows both sides: long worked answers (the headline), a copying-like
+def test_mixed_study_mode_mixes_safe_short_and_failing_tasks():
+  """The mixed mode shows both sides: long worked answers (the headline), a copying-like
   task, short answers and the task where parallel commits fail; G covers the longest answer,
   the eval is >= 128 prompts, and the adaptive cells tag exactly the suite's tasks."""
   from dllm_jax.data.tasks import TaskSuite
   module = load_module(STUDY_CONFIG)
-  study = module.get_config("")
+  study = module.get_config("mixed")
   suite = TaskSuite.parse(study.data.tasks)
   names = {s.name for s in suite.specs}
   assert names == {"long_addition", "sorting", "arithmetic", "running_sum"}
@@ -166,7 +166,7 @@ def test_default_study_mode_mixes_safe_short_and_failing_tasks():
   for cell in tagged:
     modes = cell["options"]["task_modes"]
     assert set(modes) == names and modes["running_sum"] in ("ar", "verify")
-  assert module.get_config("short").data.tasks == "arithmetic:1"
+  assert module.get_config("").data.tasks == "arithmetic:1"
 
 
 
@@ -184,8 +184,8 @@ def test_study_mode_flags_and_default_workdirs(tmp_path):
       expand(argv)
   module = load_module(STUDY_CONFIG)
   assert [study_lib.default_workdir(module.get_config(m)) for m in STUDY_MODES] == [
-      "runs/study", "runs/study_short", "runs/study_long", "runs/study_full"]
-  assert expand(["s", "--short"]) == ["s", "--config=configs/study.py:short"]
+      "runs/study", "runs/study_mixed", "runs/study_long", "runs/study_full"]
+  assert expand(["s", "--mixed"]) == ["s", "--config=configs/study.py:mixed"]
   # The script itself: flags parse (the run then stops at a workdir that cannot be made).
   (tmp_path / "file").write_text("")
   script = os.path.join(REPO, "experiments", "study.py")

@@ -173,7 +173,7 @@ def _micro_config():
                                                                           "study.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  c = config_dict.ConfigDict(module.get_config("short").to_dict())
+  c = config_dict.ConfigDict(module.get_config().to_dict())
   for name in ("ar", "mdm", "d2f"):
     m = c.models[name]
     m.train.steps, m.train.batch_size, m.train.log_every = 3, 8, 1

@@ -124,12 +124,12 @@ def roofline_text(r: dict | None) -> str:
           f"of the bound) and {r['measured_tokens_per_s']:.0f} response tokens/s.")
 
 
-MODE_FLAGS = {"--short": "configs/study.py:short", "--long": "configs/study.py:long",
+MODE_FLAGS = {"--mixed": "configs/study.py:mixed", "--long": "configs/study.py:long",
               "--full": "configs/study.py:full"}
 
 
 def expand_mode_flags(argv: list[str]) -> list[str]:
-  """The study command line with `--short` / `--long` / `--full` rewritten into the
+  """The study command line with `--mixed` / `--long` / `--full` rewritten into the
   `--config` each stands for; ValueError for two modes, or a mode flag beside an explicit
   --config."""
   picked = [a for a in argv[1:] if a in MODE_FLAGS]
@@ -138,7 +138,7 @@ def expand_mode_flags(argv: list[str]) -> list[str]:
   explicit = [a for a in argv[1:] if a == "--config" or a.startswith("--config=")]
   if len(picked) > 1 or explicit:
     raise ValueError(f"pass one study mode: {' '.join(picked + explicit)} conflict "
-                     "(--short, --long and --full each stand for a --config).")
+                     "(--mixed, --long and --full each stand for a --config).")
   return [argv[0]] + [f"--config={MODE_FLAGS[a]}" if a in MODE_FLAGS else a
                       for a in argv[1:]]
 
