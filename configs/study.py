@@ -1,10 +1,11 @@
 """The speed-versus-quality study (the README's main job).
 
-  python experiments/study.py           # default CPU run, ~11 min   (workdir runs/study)
-  python experiments/study.py --long    # long answers, ~35 min on CPU (runs/study_long)
-  python experiments/study.py --full    # larger, for an accelerator  (runs/study_full)
+  python experiments/study.py           # default: short answers, ~11 min     (runs/study)
+  python experiments/study.py --mixed   # mixed tasks, long worked answers   (runs/study_mixed)
+  python experiments/study.py --long    # long answers, ~35 min on CPU        (runs/study_long)
+  python experiments/study.py --full    # larger, for an accelerator          (runs/study_full)
 
-`--long` / `--full` stand for `--config configs/study.py:long` / `:full`.
+`--mixed` / `--long` / `--full` stand for `--config configs/study.py:mixed` / `:long` / `:full`.
 
 Three models of the same size on the same synthetic data: an AR model, a masked-diffusion
 model (MDM; `mdm_from_ar=True` starts it from the trained AR model's weights), and a D2F
@@ -16,11 +17,24 @@ from configs/{ar,mdm,d2f}_tiny.py; this file only sets what the study must hold 
 canvas, steps) and the decoding grid. Every setting listed here is reported; none is dropped.
 
 Modes:
-  ""     two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16): ~11 minutes.
+  ""     two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16), ~11 minutes: the
+         regime where AR needs ~3.5 forwards and parallel decoding has little to save.
+  mixed  the mixed suite (MIXED): three-digit addition worked column by column
+         (`long_addition:2`, 31-character answers, weight 2: the headline task), sorting five
+         digits (copying-like), two-digit addition (`37+48=85`, short answers) and running
+         sums (`running_sum:1`: each digit depends on the previous one, so parallel commits
+         fail); G = 32, 160 held-out prompts. The MDM starts from the trained AR model with
+         Dream's shifted logits (AR-to-diffusion adaptation): measured on this suite, its
+         masked-token eval accuracy is 85.6% after 300 steps, above the from-scratch MDM's
+         80.9% after 600 (and 90.2% at its 600 steps); the D2F student (block 16) starts
+         from the MDM. At these step counts (a 15-minute budget on 2 CPU cores) the diffusion
+         models are still short of the accuracy 31-token exact answers need: on this CPU
+         the mode shows where parallel decoding loses, not yet where it wins
+         (BENCHMARKS.md).
   long   three-digit addition worked column by column (`long_addition:2`, 31-character
-         answers, G = 32): the regime the published D2F ratios come from. The MDM needs far
-         more steps on it, so this mode takes ~35 minutes on 2 idle CPU cores. The D2F student
-         trains with the reference's block size, 16.
+         answers, G = 32): the regime the published D2F ratios come from. Its MDM trains from
+         scratch and needs far more steps, so this mode takes ~35 minutes on 2 idle CPU cores.
+         The D2F student trains with the reference's block size, 16.
   full   for an accelerator: a wider, deeper model (d 512, 8 layers, 34M parameters), 10x
          the steps, on long addition worked column by column at 3, 4 and 6 digits (answers
          of up to 61 characters, G = 64); the D2F student is distilled at block 16.
@@ -29,10 +43,14 @@ Every D2F setting runs with no bound on the blocks in flight (the reference) and
 response has more than two blocks, with at most two (`A=2`); with two blocks or fewer the
 bound changes nothing, so that cell would only repeat the unbounded one.
 
-Speculative cells (`method="speculative"`, the lossless hybrid) decode with the AR model as
-verifier (`model`) and the D2F student as drafter (`drafter`: a second model of the study,
-bound as the decoder's drafter_params / drafter_cfg), one draft of k = each D2F block length
-per round, greedy.
+The hybrids decode with the AR model as target (`model`) and the D2F student as drafter
+(`drafter`: a second model of the study, bound as the decoder's drafter_params / drafter_cfg):
+  * speculative (`method="speculative"`, the lossless hybrid): one draft of k = each D2F
+    block length per round, verified by AR, greedy;
+  * adaptive (`method="adaptive"`): per row and round, commit the draft in parallel, verify
+    it, or decode AR, by the rule and thresholds of configs/adaptive.py; on a mixed suite
+    also with task tags (`task_tags`: each prompt's task name is its row's tag, and
+    TAG_MODES sends the tasks where parallel commits fail or barely pay to verification).
 """
 
 import importlib.util
@@ -41,13 +59,25 @@ import os
 from ml_collections import config_dict
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-MODES = ("", "long", "full")
+MODES = ("", "mixed", "long", "full")
+# The default mode's mixed suite: long worked answers (weight 2: the headline task), sorting
+# (copying-like: safe in parallel), short answers, and running sums (parallel commits fail).
+MIXED = "long_addition:2:2,sorting:1,arithmetic:1,running_sum:1"
 # mode -> (tasks, canvas block: G is the longest answer + EOS rounded up to it, D2F train block)
-DATA = {"": ("arithmetic:1", 16, 4), "long": ("long_addition:2", 8, 16),
+DATA = {"": ("arithmetic:1", 16, 4), "mixed": (MIXED, 8, 16), "long": ("long_addition:2", 8, 16),
         "full": ("long_addition:2,long_addition:3,long_addition:4", 16, 16)}
 STEPS = {"": {"ar": 1500, "mdm": 3000, "d2f": 1000},
+         "mixed": {"ar": 1200, "mdm": 600, "d2f": 500},
          "long": {"ar": 1500, "mdm": 6000, "d2f": 1500},
          "full": {"ar": 20000, "mdm": 40000, "d2f": 10000}}
+# Modes whose MDM starts from the trained AR model (with Dream's shifted logits, so that the
+# AR model's next-token predictions sit where the MDM reads slot i: at i - 1).
+FROM_AR = ("mixed",)
+# Train records per mode where the default (200k) is more than the models see: the default
+# mode's AR model sees 1200 x 64 = 77k examples, and writing 200k records costs ~40 s.
+TRAIN_SIZE = {"mixed": 64_000}
+HEADLINE = {"": "arithmetic", "mixed": "long_addition", "long": "long_addition",
+            "full": "long_addition"}
 
 
 def _load(name):
@@ -57,10 +87,33 @@ def _load(name):
   return config_dict.ConfigDict(module.get_config().to_dict())  # an unlocked copy
 
 
-def _methods(mode: str, gen_length: int, train_block: int):
+# The adaptive cells' task tags (`task_modes`): the rows of tasks where parallel commits fail
+# (running sums) or barely pay (short answers) are verified by AR; the rule decides the rest.
+TAG_MODES = {"running_sum": "verify", "arithmetic": "verify", "between": "verify",
+             "long_addition": "auto", "sorting": "auto"}
+
+
+def _adaptive(tasks: str, k: int, tags: bool):
+  """An adaptive cell: the AR model as target, the D2F student as drafter, the rule's
+  thresholds from configs/adaptive.py; with `tags`, each row's task name is its tag."""
+  rule = _load("adaptive").decode
+  names = sorted({part.split(":")[0] for part in tasks.split(",")})
+  options = {"draft_length": k, "draft_steps": rule.draft_steps,
+             "parallel_confidence": rule.parallel_confidence,
+             "ar_confidence": rule.ar_confidence, "min_acceptance": rule.min_acceptance,
+             "trust_streak": rule.trust_streak}
+  cell = {"method": "adaptive", "label": f"adaptive k={k}", "model": "ar", "drafter": "d2f",
+          "options": options}
+  if tags:
+    options["task_modes"] = {name: TAG_MODES.get(name, "auto") for name in names}
+    cell.update(label=f"adaptive k={k} task tags", task_tags=True)
+  return cell
+
+
+def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
   """The decoding grid. Vanilla LLaDA is one block over the whole canvas, one token a step."""
   g = gen_length
-  blocks = {"": (4, 8), "long": (8, 16), "full": (8, 16)}[mode]
+  blocks = {"": (4, 8), "mixed": (8, 16), "long": (8, 16), "full": (8, 16)}[mode]
   d2f = []
   for block in blocks:
     for active in (None, 2) if g // block > 2 else (None,):
@@ -69,6 +122,15 @@ def _methods(mode: str, gen_length: int, train_block: int):
         d2f.append({"method": "d2f", "label": f"d2f k={block}{bound} tau={tau}", "model": "d2f",
                     "options": {"block_length": block, "tau_conf": tau, "tau_add": 0.1,
                                 "tau_act": 0.95, "max_active_blocks": active}})
+  # The hybrids. Speculative (lossless): the D2F student drafts k tokens in one forward, the
+  # AR model verifies them in one (greedy: the output is AR's, token for token). Adaptive:
+  # per row and round, commit the draft in parallel, verify it, or decode AR.
+  hybrids = [{"method": "speculative", "label": f"speculative d2f k={k}", "model": "ar",
+              "drafter": "d2f", "options": {"drafter": "d2f", "draft_length": k}}
+             for k in blocks]
+  hybrids.append(_adaptive(tasks, blocks[0], tags=False))
+  if len({part.split(":")[0] for part in tasks.split(",")}) > 1:  # mixed: task-tagged switch
+    hybrids += [_adaptive(tasks, k, tags=True) for k in blocks]
   return [
       {"method": "ar", "label": "ar", "model": "ar", "options": {}},
       {"method": "llada", "label": "llada steps=G", "model": "mdm",
@@ -88,22 +150,17 @@ def _methods(mode: str, gen_length: int, train_block: int):
        "options": {"block_length": 8, "tau_conf": 0.9}},
       {"method": "block_diffusion", "label": f"block diffusion k={train_block}", "model": "d2f",
        "options": {"block_length": train_block, "steps_per_block": train_block}},
-  ] + d2f + [
-      # The lossless hybrid: the D2F student drafts k tokens in one forward, the AR model
-      # verifies them in one (greedy: the output is AR's, token for token).
-      {"method": "speculative", "label": f"speculative d2f k={k}", "model": "ar",
-       "drafter": "d2f", "options": {"drafter": "d2f", "draft_length": k}}
-      for k in blocks]
+  ] + d2f + hybrids
 
 
 def get_config(mode: str = ""):
   if mode not in MODES:
-    raise ValueError(f"unknown study mode {mode!r}; use configs/study.py, configs/study.py:long "
-                     "or configs/study.py:full")
+    raise ValueError(f"unknown study mode {mode!r}; use configs/study.py, "
+                     "configs/study.py:mixed, configs/study.py:long or configs/study.py:full")
   full = mode == "full"
   tasks, block, train_block = DATA[mode]
   c = config_dict.ConfigDict()
-  c.mode = mode  # names the default workdir: runs/study, runs/study_long, runs/study_full
+  c.mode = mode  # names the default workdir: runs/study, runs/study_<mode> for the others
   c.models = config_dict.ConfigDict()
   c.models.ar = _load("ar_tiny")
   c.models.mdm = _load("mdm_tiny")
@@ -113,13 +170,17 @@ def get_config(mode: str = ""):
   c.data = config_dict.ConfigDict(c.models.mdm.data.to_dict())
   c.data.tasks = tasks
   c.data.block_size = block
+  if mode in TRAIN_SIZE:
+    c.data.train_size = TRAIN_SIZE[mode]
   # The package's data path: TFDS array_record files built once under <workdir>/data (a
   # data_dir set here is used instead) and read with tfds.data_source.
   c.data.source = "tfds"
   c.data.data_dir = config_dict.placeholder(str)
   # Initialise the MDM from the trained AR model (AR-to-diffusion adaptation); the D2F student
   # always starts from the MDM.
-  c.mdm_from_ar = False
+  c.mdm_from_ar = mode in FROM_AR
+  if mode in FROM_AR:  # Dream's convention for both diffusion models (the student's is its MDM's)
+    c.models.mdm.model.shift_logits = c.models.d2f.model.shift_logits = True
 
   for name, n in STEPS[mode].items():
     m = c.models[name]
@@ -136,10 +197,10 @@ def get_config(mode: str = ""):
   c.models.d2f.decode.options = {"block_length": train_block}
 
   c.eval = config_dict.ConfigDict()
-  c.eval.num_prompts = 128 if not full else 512
+  c.eval.num_prompts = {"": 160, "full": 512}.get(mode, 128)
   c.eval.batch_sizes = (1, 16) if not full else (1, 64)
   c.eval.seed = 0
-  c.eval.headline_task = tasks.split(":")[0]
+  c.eval.headline_task = HEADLINE[mode]
   c.eval.llada_vanilla_label = "llada steps=G"
   # GB/s for AR's weight-streaming bound; 0 = nominal peak of a known accelerator, or a
   # measured copy on a CPU (dllm_jax.study.roofline).
@@ -147,7 +208,7 @@ def get_config(mode: str = ""):
   # Timing on a shared machine: cells are timed round-robin batch by batch, and each batch is
   # decoded this many times in a row, its fastest wall time counting (study/runner.py).
   c.eval.timing_repeats = 5
-  c.methods = _methods(mode, _gen_length(c.data), train_block)
+  c.methods = _methods(mode, _gen_length(c.data), train_block, tasks)
   c.lock()
   return c
 

@@ -1,14 +1,15 @@
 """The speed-versus-quality study: train (or load) AR, MDM and D2F models, decode the same
 held-out prompts with every decoder, and write a table, a JSON file and a Pareto plot.
 
-  python experiments/study.py                 # default mode, ~11 min on 2 CPU cores
+  python experiments/study.py                 # default: short answers (~11 min on 2 cores)
+  python experiments/study.py --mixed         # mixed tasks, long worked answers (:mixed)
   python experiments/study.py --long          # long answers (configs/study.py:long)
   python experiments/study.py --full          # the larger accelerator mode
   python experiments/study.py --long --config.eval.num_prompts=64
-  python experiments/study.py --config.mdm_from_ar=True   # MDM initialised from the AR model
+  python experiments/study.py --mixed --config.mdm_from_ar=False  # its MDM from scratch
 
-`--long` and `--full` stand for `--config configs/study.py:long` and `:full`. The workdir
-defaults to runs/study, runs/study_long or runs/study_full by mode; rerunning reuses the
+`--mixed`, `--long` and `--full` stand for `--config configs/study.py:mixed`, `:long` and
+`:full`. The workdir defaults to runs/study, or runs/study_<mode>; rerunning reuses the
 trained models cached there (as orbax checkpoints) and the TFDS data files under
 <workdir>/data. The printed and stored verdict (dllm_jax/study/verdict.py) names every claim.
 """
@@ -21,7 +22,7 @@ from ml_collections import config_flags
 from dllm_jax.study import study
 
 # Before the flags are defined: the config flag reads sys.argv when it is defined (to register
-# the `--config.*` overrides), so it must already see `--long` / `--full` expanded.
+# the `--config.*` overrides), so it must already see the mode flags expanded.
 try:
   sys.argv = study.expand_mode_flags(sys.argv)
 except ValueError as e:

@@ -114,7 +114,10 @@ def test_command_line_typo_is_an_error(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("mode", ["", "long", "full"])
+STUDY_MODES = ["", "mixed", "long", "full"]
+
+
+@pytest.mark.parametrize("mode", STUDY_MODES)
 def test_every_study_mode_trains_valid_models(mode, tmp_path):
   """Each mode's three training configs validate, fit their rows and build abstractly: the
   accelerator mode cannot be run here, so this is its guard against a config that fails
@@ -134,8 +137,36 @@ def test_every_study_mode_trains_valid_models(mode, tmp_path):
     assert jax.tree.leaves(boxed.params)
   d2f_block = study.models.d2f.objective.options["block_size"]
   assert module._gen_length(study.data) % d2f_block == 0  # the student's blocks tile G
+  # The MDM starts from the AR model only with Dream's shifted logits (the AR model's
+  # prediction for slot i sits at i - 1); the student inherits its MDM's convention.
+  cfgs = {n: config_lib.model_config(models_lib.training_config(study, n, tmp_path))
+          for n in models_lib.ORDER}
+  assert cfgs["mdm"].shift_logits == cfgs["d2f"].shift_logits == bool(study.mdm_from_ar)
+  assert study.mdm_from_ar == (mode == "mixed")
+  assert study.eval.headline_task in {t.split(":")[0] for t in study.data.tasks.split(",")}
   with pytest.raises(ValueError, match="unknown study mode"):
     module.get_config("fast")
+
+
+def test_mixed_study_mode_mixes_safe_short_and_failing_tasks():
+  """The mixed mode shows both sides: long worked answers (the headline), a copying-like
+  task, short answers and the task where parallel commits fail; G covers the longest answer,
+  the eval is >= 128 prompts, and the adaptive cells tag exactly the suite's tasks."""
+  from dllm_jax.data.tasks import TaskSuite
+  module = load_module(STUDY_CONFIG)
+  study = module.get_config("mixed")
+  suite = TaskSuite.parse(study.data.tasks)
+  names = {s.name for s in suite.specs}
+  assert names == {"long_addition", "sorting", "arithmetic", "running_sum"}
+  assert study.eval.headline_task == "long_addition"
+  assert module._gen_length(study.data) == 32 >= suite.max_answer_len + 1
+  assert study.eval.num_prompts >= 128
+  tagged = [c for c in study.methods if c.get("task_tags")]
+  assert tagged and all(c["method"] == "adaptive" for c in tagged)
+  for cell in tagged:
+    modes = cell["options"]["task_modes"]
+    assert set(modes) == names and modes["running_sum"] in ("ar", "verify")
+  assert module.get_config("").data.tasks == "arithmetic:1"
 
 
 
@@ -152,8 +183,9 @@ def test_study_mode_flags_and_default_workdirs(tmp_path):
     with pytest.raises(ValueError, match="pass one study mode"):
       expand(argv)
   module = load_module(STUDY_CONFIG)
-  assert [study_lib.default_workdir(module.get_config(m)) for m in ("", "long", "full")] == [
-      "runs/study", "runs/study_long", "runs/study_full"]
+  assert [study_lib.default_workdir(module.get_config(m)) for m in STUDY_MODES] == [
+      "runs/study", "runs/study_mixed", "runs/study_long", "runs/study_full"]
+  assert expand(["s", "--mixed"]) == ["s", "--config=configs/study.py:mixed"]
   # The script itself: flags parse (the run then stops at a workdir that cannot be made).
   (tmp_path / "file").write_text("")
   script = os.path.join(REPO, "experiments", "study.py")
@@ -168,13 +200,14 @@ def test_study_mode_flags_and_default_workdirs(tmp_path):
   assert proc.returncode == 1 and "pass one study mode" in proc.stderr
 
 
-@pytest.mark.parametrize("mode", ["", "long", "full"])
+@pytest.mark.parametrize("mode", STUDY_MODES)
 def test_every_study_cell_traces_at_its_mode_shapes(mode, tmp_path):
   """Each decoding cell of each mode is a valid decode at that mode's G and prompt length:
   options, block counts and shapes are checked by tracing the real decoder (no compile, no
   memory), so an accelerator run cannot fail on a cell only reachable there. Each cell runs
   on its own model(s) as the study prepares them (LoRA merged, active vocab), bound by the
-  study's own `bind_cell` (a speculative cell gets the D2F student as its drafter)."""
+  study's own `bind_cell` (a speculative or adaptive cell gets the D2F student as its
+  drafter; a task-tagged adaptive cell gets a task name per row, as the runner passes it)."""
   from dllm_jax.models.transformer import abstract_params
   from dllm_jax.study import models as models_lib, study as study_lib
   from dllm_jax.training import checkpoint as ckpt_lib
@@ -192,12 +225,14 @@ def test_every_study_cell_traces_at_its_mode_shapes(mode, tmp_path):
   labels = [c["label"] for c in study.methods]
   assert len(labels) == len(set(labels))
   assert {c["method"] for c in study.methods} >= {"ar", "llada", "fast_dllm", "d2f",
-                                                  "block_diffusion", "speculative"}
+                                                  "block_diffusion", "speculative", "adaptive"}
+  task = study.data.tasks.split(":")[0]
   for cell in study.methods:
     def decode(p, cell=dict(cell)):
       trained = {n: models_lib.with_active_vocab(models_lib.for_decoding(
           ckpt_lib.TrainedModel(p[n], cfgs[n], None)), tok.vocab_size) for n in cfgs}
       fn, cell_params, _ = study_lib.bind_cell(cell, trained, gen_length)
-      return fn(cell_params, tokens, np.ones_like(tokens, bool), jax.random.key(0))
+      extra = {"tasks": [task]} if cell.get("task_tags") else {}
+      return fn(cell_params, tokens, np.ones_like(tokens, bool), jax.random.key(0), **extra)
     out = jax.eval_shape(decode, params)
     assert out.tokens.shape == (1, gen_length), cell["label"]

@@ -130,6 +130,38 @@ def test_bind_cell_gives_speculative_its_drafter():
     study.bind_cell({"method": "ar", "label": "x", "model": "ar", "drafter": "d2f"}, trained, 8)
 
 
+def test_bind_cell_gives_adaptive_its_drafter_and_task_tags():
+  """An adaptive cell binds the D2F student as drafter; with task_tags its decoder takes each
+  row's task name, and a task forced to verify (or AR) decodes AR's tokens exactly, while an
+  untagged row is left to the rule."""
+  cfg = get_preset("tiny").replace(mask_token_id=3, eos_token_id=2, vocab_size=64)
+  ar = TrainedModel(init_params(cfg, jax.random.key(0)), cfg, None)
+  drafter = TrainedModel(init_params(cfg, jax.random.key(1)), cfg, None)
+  trained = {"ar": ar, "d2f": drafter}
+  cell = {"method": "adaptive", "label": "adaptive tags", "model": "ar", "drafter": "d2f",
+          "task_tags": True, "options": {"draft_length": 4, "task_modes": {
+              "running_sum": "verify", "arithmetic": "ar", "sorting": "auto"}}}
+  decode, params, setting = study.bind_cell(cell, trained, 8)
+  assert params is ar.params
+  assert setting["drafter_model"] == "d2f" and setting["task_tags"] is True
+  assert "drafter_params" not in setting
+  tokens = np.stack([np.arange(4, 10), np.arange(11, 17)]).astype(np.int32)
+  valid = np.ones_like(tokens, bool)
+  ar_decode, ar_params, _ = study.bind_cell(
+      {"method": "ar", "label": "ar", "model": "ar", "options": {}}, trained, 8)
+  want = ar_decode(ar_params, tokens, valid, jax.random.key(0))
+  got = decode(params, tokens, valid, jax.random.key(0), tasks=["running_sum", "arithmetic"])
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_array_equal(got.modes, [1, 2])  # verify, AR: as the tags force
+  got = decode(params, tokens, valid, jax.random.key(0), tasks=["sorting", "sorting"])
+  assert set(np.asarray(got.modes).tolist()) <= {0, 1, 2}  # the rule's choice
+  with pytest.raises(ValueError, match="unknown task tag 'between'"):
+    decode(params, tokens, valid, jax.random.key(0), tasks=["between", "sorting"])
+  with pytest.raises(ValueError, match="task_tags applies to"):
+    study.bind_cell({"method": "ar", "label": "x", "model": "ar", "task_tags": True,
+                     "options": {}}, trained, 8)
+
+
 def test_resolve_options():
   assert study.resolve_options({"steps_fraction": 0.5}, 16) == {"gen_length": 16, "steps": 8}
   with pytest.raises(ValueError, match="steps_fraction"):
@@ -152,7 +184,7 @@ def _micro_config():
   c.eval.num_prompts = 3
   c.eval.batch_sizes = (1, 2)
   keep = {"ar", "llada steps=G", "llada steps=G/2", "fast-dllm tau=0.9 dual",
-          "d2f k=4 tau=0.9", "block diffusion k=4", "speculative d2f k=4"}
+          "d2f k=4 tau=0.9", "block diffusion k=4", "speculative d2f k=4", "adaptive k=4"}
   c.methods = [m for m in c.methods if m["label"] in keep]
   return c
 
@@ -165,7 +197,7 @@ def test_micro_study_end_to_end(tmp_path, monkeypatch):
   accounting.validate_json(doc)
   for f in ("study.md", "study.json", "study_pareto.png"):
     assert (tmp_path / f).stat().st_size > 0
-  assert len(doc["results"]) == 7 * 2
+  assert len(doc["results"]) == 8 * 2
   g = doc["gen_length"]
   for row in doc["results"]:
     assert row["num_prompts"] == 3
@@ -250,6 +282,60 @@ def test_run_cells_interleaves_batches_and_keeps_the_fastest_repeat():
   with pytest.raises(ValueError, match="repeats"):
     runner.run_cells(cells, layout=Layout(), suite=None, examples=examples, prompt_len=4,
                      repeats=0)
+
+
+def test_run_cells_passes_task_tags_and_times_each_task():
+  """A task_tags cell gets the task name of every row it decodes (padding rows repeat
+  prompts, and their names); at batch 1 each task's tokens, time, forwards and prompts are
+  tallied on their own, and the per-task table reads them."""
+  tok = CharTokenizer(TASK_ALPHABET)
+  examples = [Example(f"{i}+1=", str(i + 1), str(i + 1), "arithmetic" if i % 2 else "sorting")
+              for i in range(5)]
+
+  class Layout:
+    tokenizer = tok
+
+    def encode_prompts(self, prompts, length):
+      rows = np.repeat(np.arange(len(prompts))[:, None], length, 1).astype(np.int32)
+      return {"tokens": rows, "valid": np.ones_like(rows, bool)}
+
+  seen = []
+
+  def decode(params, tokens, valid, rng, tasks=None):
+    seen.append((tokens[:, 0].tolist(), tasks))
+    answers = [tok.encode(str(int(r[0]) + 1)) for r in tokens]
+    out = np.zeros((len(answers), 2), np.int32)
+    for r, a in enumerate(answers):
+      out[r, :len(a)] = a
+    n = np.array([len(a) for a in answers])
+    return DecodeOutput(tokens=out, lengths=n, nfe=np.array(int(tokens[0, 0]) + 1),
+                        steps=np.array(1), committed=n, done=np.ones(len(answers), bool))
+
+  suite = TaskSuite.parse("arithmetic:1,sorting:1")
+  (tagged,) = runner.run_cells([runner.Cell(decode, None, "adaptive", "a", {}, 2,
+                                            task_tags=True)],
+                               layout=Layout(), suite=suite, examples=examples, prompt_len=3)
+  names = [ex.task for ex in examples]
+  assert seen[0] == ([0, 1], names[:2])  # the untimed compile call
+  assert seen[1:] == [([0, 1], names[:2]), ([2, 3], names[2:4]), ([4, 0], [names[4], names[0]])]
+  # Only the last batch (row 4 and a padding row) has one real task: it alone is timed.
+  assert list(tagged.per_task_time) == ["sorting"]
+  assert [tagged.per_task_time["sorting"][i] for i in (0, 2, 4)] == [1, 5, 1]
+  seen.clear()
+  (one,) = runner.run_cells([runner.Cell(decode, None, "ar", "ar", {}, 1)], layout=Layout(),
+                            suite=suite, examples=examples, prompt_len=3)
+  assert all(tasks is None for _, tasks in seen)  # an untagged cell gets no tags
+  timed = one.per_task_time
+  assert sorted(timed) == ["arithmetic", "sorting"]
+  # [response tokens, wall, forwards, median wall, prompts]: sorting rows 0, 2, 4 answer
+  # 1, 3, 5 (one token each, forwards 1 + 3 + 5), arithmetic rows 1, 3 answer 2, 4.
+  assert (timed["sorting"][0], timed["sorting"][2], timed["sorting"][4]) == (3, 9, 3)
+  assert (timed["arithmetic"][0], timed["arithmetic"][2], timed["arithmetic"][4]) == (2, 6, 2)
+  assert sum(v[1] for v in timed.values()) == pytest.approx(one.wall_s)
+  assert one.task_tokens_per_s("sorting") == pytest.approx(3 / timed["sorting"][1])
+  table = report.per_task_table([one], baseline="ar")
+  assert "| ar | 100.0%, 1.00x | 100.0%, 1.00x |" in table
+  assert report.per_task_table([dataclasses.replace(one, per_task={"a": [1, 1]})]) == ""
 
 
 def test_pareto_accuracy_window_and_plot_from_saved_json(tmp_path):

@@ -44,7 +44,7 @@ def test_every_study_mode_reads_tfds_under_its_workdir(tmp_path):
   spec.loader.exec_module(module)
   for mode in module.MODES:
     c = module.get_config(mode)
-    assert c.data.source == "tfds" and c.mdm_from_ar is False
+    assert c.data.source == "tfds" and c.mdm_from_ar is (mode in module.FROM_AR)
     for name in models_lib.ORDER:
       cfg = models_lib.training_config(c, name, tmp_path)
       assert cfg.data.data_dir == str(tmp_path / "data"), (mode, name)

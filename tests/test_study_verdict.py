@@ -230,3 +230,36 @@ def test_stored_verdict_recomputes_from_the_stored_cells():
   assert verdict.recompute(stored)["claims"][0]["status"] == "not met"
   with pytest.raises(ValueError, match="not the one its stored cells give"):
     verdict.check_recomputes(stored)
+
+
+def test_task_claims_time_the_task_own_prompts_where_it_was_timed_alone():
+  """With per-task timing (batch 1: every batch one task), a claim judged on the headline
+  task takes its speedup and split from that task's prompts: a D2F cell 4x AR on the long
+  task and 0.5x on a short one is 4x, not the mixed figure; without timing it falls back to
+  every prompt. The stored verdict still recomputes from the JSON."""
+  def timed(label, method, long, short, *, setting=None):
+    (lt, lw, ln), (st, sw, sn) = long, short  # tokens, wall, forwards on 50 prompts each
+    r = cell(label, method, 100, lt + st, ln + sn, lw + sw, setting=setting,
+             per_task={TASK: [50, 50], "sorting": [50, 50]})
+    return dataclasses.replace(r, per_task_time={TASK: [lt, lw, ln, lw, 50],
+                                                 "sorting": [st, sw, sn, sw, 50]})
+  rows = [timed("ar", "ar", (1500, 5.0, 1550), (250, 1.0, 300)),
+          timed(LLADA, "llada", (1500, 50.0, 1600), (250, 50.0, 1600),
+                setting={"gen_length": 32}),
+          timed("d2f", "d2f", (1500, 1.25, 200), (250, 2.0, 200))]
+  fig = claims(rows)["d2f_vs_ar"]["figure"]
+  assert fig["speed_on"] == TASK
+  assert fig["speedup"] == pytest.approx(4.0) and fig["nfe_ratio"] == pytest.approx(1550 / 200)
+  assert fig["speedup"] == pytest.approx(
+      fig["tokens_ratio"] * fig["nfe_ratio"] / fig["forward_cost_ratio"])
+  mixed = claims(rows)["adaptive_switching"]  # judged on all tasks: no cell here
+  assert mixed["status"] == "not measured"
+  untimed = [dataclasses.replace(r, per_task_time={}) for r in rows]
+  fig = claims(untimed)["d2f_vs_ar"]["figure"]
+  assert fig["speed_on"] == "all tasks" and fig["speedup"] == pytest.approx(6.0 / 3.25)
+  doc = accounting.results_json(rows, machine={"platform": "cpu"},
+                                config={"eval": {"headline_task": TASK,
+                                                 "llada_vanilla_label": LLADA}})
+  doc["verdict"] = verdict.judge(rows, task=TASK, llada_label=LLADA)
+  accounting.validate_json(doc)
+  verdict.check_recomputes(doc)

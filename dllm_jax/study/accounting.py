@@ -41,6 +41,10 @@ class MethodResult:
   per_task: dict = dataclasses.field(default_factory=dict)  # task -> [correct, total]
   # wall_s sums each batch's fastest timed decode; this sums their medians (same batches).
   wall_median_s: float = 0.0
+  # task -> [response tokens, wall_s, nfe, wall_median_s, prompts] over the batches whose
+  # real rows are all of that task (every batch at batch size 1): each task's own speed,
+  # timed as wall_s is.
+  per_task_time: dict = dataclasses.field(default_factory=dict)
 
   @classmethod
   def from_json(cls, row: dict) -> "MethodResult":
@@ -51,6 +55,11 @@ class MethodResult:
   def task_accuracy(self, task: str) -> float:
     correct, total = self.per_task.get(task, (0, 0))
     return correct / total if total else float("nan")
+
+  def task_tokens_per_s(self, task: str) -> float:
+    """Response tokens/s on the single-task batches of `task` (nan without any)."""
+    tokens, wall = self.per_task_time.get(task, (0, 0.0))[:2]
+    return tokens / wall if wall > 0 else float("nan")
 
   @property
   def accuracy(self) -> float:
@@ -102,6 +111,13 @@ class Tally:
     for task, hit in zip(tasks[:real_rows], correct[:real_rows]):
       c, t = r.per_task.get(task, (0, 0))
       r.per_task[task] = [c + int(hit), t + 1]
+    real_tasks = set(tasks[:real_rows])
+    if len(real_tasks) == 1 and len(tasks) >= real_rows:
+      (task,) = real_tasks
+      median = float(wall_s if wall_median_s is None else wall_median_s)
+      old = r.per_task_time.get(task, (0, 0.0, 0, 0.0, 0))
+      r.per_task_time[task] = [old[0] + int(np.sum(lengths)), old[1] + float(wall_s),
+                               old[2] + int(nfe), old[3] + median, old[4] + real_rows]
     r.num_prompts += real_rows
     r.num_correct += int(np.sum(np.asarray(correct, bool)[:real_rows]))
     r.response_tokens += int(np.sum(lengths))
@@ -169,6 +185,7 @@ _RESULT_FIELDS = {
     "latency_per_prompt_s": float, "nfe_per_prompt": float, "tokens_per_forward": float,
     "per_task": dict, "wall_median_s": float, "tokens_per_s_median": float,
 }
+_OPTIONAL_FIELDS = {"per_task_time": dict}  # absent from documents written before it
 
 
 def validate_json(doc: dict) -> None:
@@ -179,8 +196,10 @@ def validate_json(doc: dict) -> None:
     if key not in doc:
       raise ValueError(f"study JSON lacks {key!r}.")
   for i, row in enumerate(doc["results"]):
-    for field, kind in _RESULT_FIELDS.items():
+    for field, kind in {**_RESULT_FIELDS, **_OPTIONAL_FIELDS}.items():
       if field not in row:
+        if field in _OPTIONAL_FIELDS:
+          continue
         raise ValueError(f"result {i} lacks {field!r}.")
       value = row[field]
       ok = isinstance(value, (int, float)) if kind is float else isinstance(value, kind)

@@ -26,6 +26,36 @@ def markdown_table(results: Sequence[MethodResult], *, baseline: str | None = No
   return "\n".join(lines)
 
 
+def per_task_table(results: Sequence[MethodResult], *, baseline: str | None = None,
+                   batch_size: int = 1) -> str:
+  """One row per cell at `batch_size`, one column per task: accuracy and, where the cell's
+  batches of that task were timed on their own (always at batch 1), tokens/s as a multiple
+  of the `baseline` cell's on the same task. "" when the cells cover fewer than two tasks."""
+  cells = [r for r in results if r.batch_size == batch_size]
+  tasks = sorted({t for r in cells for t in r.per_task})
+  if len(tasks) < 2:
+    return ""
+  base = next((r for r in cells if r.label == baseline), None)
+  counts = {t: max(r.per_task.get(t, (0, 0))[1] for r in cells) for t in tasks}
+  head = "| setting | " + " | ".join(f"{t} ({counts[t]})" for t in tasks) + " |"
+  lines = [f"Per task at batch {batch_size}: accuracy, and tokens/s against "
+           f"{baseline or 'the baseline'} on the same task's prompts.", "", head,
+           "|" + "---|" * (len(tasks) + 1)]
+  for r in cells:
+    row = []
+    for t in tasks:
+      if t not in r.per_task:
+        row.append("n/a")
+        continue
+      text = f"{100 * r.task_accuracy(t):.1f}%"
+      speed, ref = r.task_tokens_per_s(t), base.task_tokens_per_s(t) if base else float("nan")
+      if speed == speed and ref == ref and ref > 0:  # both timed (not nan)
+        text += f", {speed / ref:.2f}x"
+      row.append(text)
+    lines.append(f"| {r.label} | " + " | ".join(row) + " |")
+  return "\n".join(lines)
+
+
 def pareto_front(results: Sequence[MethodResult]) -> list[MethodResult]:
   """Cells not beaten on both accuracy and tokens/s by another cell of the same batch size."""
   front = []

@@ -4,6 +4,7 @@ A *cell* of the study is (method, setting, batch size). The cells of one batch s
 together, timed so that their ratios survive a shared, noisy machine:
   1. the held-out prompts are encoded once, left-padded to one fixed length P (static shapes,
      so one compile serves every batch);
+     A cell with `task_tags` also gets each row's task name (`tasks=`, adaptive's tags);
   2. every cell runs its first batch once untimed to compile (reported as `compile_s`);
   3. batches are timed round-robin over the cells (batch 0 of every cell, then batch 1, ...):
      a slow spell of the machine hits every cell alike instead of whichever cell ran then;
@@ -27,7 +28,8 @@ import numpy as np
 from dllm_jax.decoding.base import DecodeOutput
 from dllm_jax.study import accounting
 
-DecodeFn = Callable[..., DecodeOutput]  # (params, tokens[B,P], valid[B,P], rng) -> output
+# (params, tokens[B,P], valid[B,P], rng[, tasks=[B] task names]) -> output
+DecodeFn = Callable[..., DecodeOutput]
 
 
 @dataclasses.dataclass
@@ -39,6 +41,7 @@ class Cell:
   label: str
   setting: dict
   batch_size: int
+  task_tags: bool = False  # decode(..., tasks=[each row's task name]) (adaptive's task tags)
 
 
 def _batches(n: int, batch_size: int) -> list[tuple[int, int]]:
@@ -74,22 +77,27 @@ def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, promp
 
   def batch(start, stop):
     idx = np.arange(start, start + batch_size) % n  # pad the last batch with repeats
-    return tokens[idx], valid[idx], stop - start
+    return tokens[idx], valid[idx], [examples[i].task for i in idx], stop - start
 
-  tok0, val0, _ = batch(0, min(batch_size, n))
+  def call(cell, btok, bval, key, tasks):
+    if cell.task_tags:
+      return cell.decode(cell.params, btok, bval, key, tasks=tasks)
+    return cell.decode(cell.params, btok, bval, key)
+
+  tok0, val0, tasks0, _ = batch(0, min(batch_size, n))
   for cell, tally in zip(cells, tallies):
     t0 = time.perf_counter()
-    jax.block_until_ready(cell.decode(cell.params, tok0, val0, rng))
+    jax.block_until_ready(call(cell, tok0, val0, rng, tasks0))
     tally.result.compile_s = time.perf_counter() - t0
 
   for i, (start, stop) in enumerate(_batches(n, batch_size)):
-    btok, bval, real = batch(start, stop)
+    btok, bval, btasks, real = batch(start, stop)
     key = jax.random.fold_in(rng, i)
     for cell, tally in zip(cells, tallies):
       walls = []
       for _ in range(repeats):
         t0 = time.perf_counter()
-        out = jax.device_get(cell.decode(cell.params, btok, bval, key))
+        out = jax.device_get(call(cell, btok, bval, key, btasks))
         walls.append(time.perf_counter() - t0)
       texts = accounting.response_texts(layout.tokenizer, out.tokens, out.lengths)
       correct = accounting.score(suite, examples[start:stop], texts[:real])

@@ -28,23 +28,35 @@ from dllm_jax.training import data as data_lib
 
 
 def _decoder(method: str, cfg, options: dict):
-  """(params, tokens, valid, rng) -> DecodeOutput, with the options checked up front."""
+  """(params, tokens, valid, rng, tasks=None) -> DecodeOutput, with the options checked up
+  front; `tasks` (one task name per row) is passed on as the decoder's per-row `tasks`."""
   decode_api.check_options(method, options)
 
-  def decode(params, tokens, valid, rng):
-    return decode_api.generate(params, cfg, (tokens, valid), method=method, rng=rng, **options)
+  def decode(params, tokens, valid, rng, tasks=None):
+    extra = {} if tasks is None else {"tasks": list(tasks)}
+    return decode_api.generate(params, cfg, (tokens, valid), method=method, rng=rng,
+                               **options, **extra)
   return decode
 
 
 # Methods whose decoder also takes a second model, and the option names it is passed under.
-SECOND_MODEL = {"speculative": ("drafter_params", "drafter_cfg")}
+SECOND_MODEL = {"speculative": ("drafter_params", "drafter_cfg"),
+                "adaptive": ("drafter_params", "drafter_cfg")}
+# Methods that take one task tag per row (`tasks`): a cell with `task_tags: True` gets each
+# prompt's task name as its tag.
+TASK_TAGGED = ("adaptive",)
 
 
 def bind_cell(cell: dict, trained: dict, gen_length: int):
   """(decode, params, setting) of one configured cell: its options resolved for this G, and
-  for a two-model method (speculative: `cell["drafter"]` names the drafter model) the second
-  model's params and config bound into the decoder. `setting` is what the JSON records."""
+  for a two-model method (speculative, adaptive: `cell["drafter"]` names the drafter model)
+  the second model's params and config bound into the decoder. `setting` is what the JSON
+  records. A cell with `task_tags: True` (adaptive) records it in `setting`; the runner then
+  passes each batch's task names to `decode` as `tasks=`."""
   method = cell["method"]
+  if cell.get("task_tags") and method not in TASK_TAGGED:
+    raise ValueError(f"cell {cell['label']!r}: task_tags applies to {list(TASK_TAGGED)} "
+                     f"only, not {method!r}.")
   model = trained[cell["model"]]
   options = resolve_options(dict(cell.get("options", {})), gen_length)
   setting = {"model": cell["model"], **options}
@@ -59,6 +71,8 @@ def bind_cell(cell: dict, trained: dict, gen_length: int):
   elif "drafter" in cell:
     raise ValueError(f"cell {cell['label']!r}: 'drafter' applies to {sorted(SECOND_MODEL)} "
                      f"only, not {method!r}.")
+  if cell.get("task_tags"):
+    setting["task_tags"] = True
   return _decoder(method, model.model_cfg, options), model.params, setting
 
 
@@ -110,19 +124,21 @@ def roofline_text(r: dict | None) -> str:
           f"of the bound) and {r['measured_tokens_per_s']:.0f} response tokens/s.")
 
 
-MODE_FLAGS = {"--long": "configs/study.py:long", "--full": "configs/study.py:full"}
+MODE_FLAGS = {"--mixed": "configs/study.py:mixed", "--long": "configs/study.py:long",
+              "--full": "configs/study.py:full"}
 
 
 def expand_mode_flags(argv: list[str]) -> list[str]:
-  """The study command line with `--long` / `--full` rewritten into the `--config` each
-  stands for; ValueError for two modes, or a mode flag beside an explicit --config."""
+  """The study command line with `--mixed` / `--long` / `--full` rewritten into the
+  `--config` each stands for; ValueError for two modes, or a mode flag beside an explicit
+  --config."""
   picked = [a for a in argv[1:] if a in MODE_FLAGS]
   if not picked:
     return list(argv)
   explicit = [a for a in argv[1:] if a == "--config" or a.startswith("--config=")]
   if len(picked) > 1 or explicit:
     raise ValueError(f"pass one study mode: {' '.join(picked + explicit)} conflict "
-                     "(--long and --full each stand for a --config).")
+                     "(--mixed, --long and --full each stand for a --config).")
   return [argv[0]] + [f"--config={MODE_FLAGS[a]}" if a in MODE_FLAGS else a
                       for a in argv[1:]]
 
@@ -153,7 +169,8 @@ def run(study_config, workdir, *, log=print) -> dict:
     bound = []
     for cell in cells:
       decode, params, setting = bind_cell(cell, trained, gen_length)
-      bound.append(runner.Cell(decode, params, cell["method"], cell["label"], setting, b))
+      bound.append(runner.Cell(decode, params, cell["method"], cell["label"], setting, b,
+                               task_tags=bool(cell.get("task_tags"))))
     bar.set_postfix_str(f"batch {b}: {len(bound)} cells, interleaved")
     results += runner.run_cells(bound, layout=layout, suite=suite, examples=examples,
                                 prompt_len=layout.prompt_len, seed=int(study_config.eval.seed),
@@ -175,6 +192,9 @@ def run(study_config, workdir, *, log=print) -> dict:
   accounting.validate_json(doc)
   verdict_lib.check_recomputes(doc)
   table = report.markdown_table(results, baseline="ar")
+  by_task = report.per_task_table(results, baseline="ar")
+  if by_task:
+    table += "\n\n" + by_task
   text = f"{table}\n\n{verdict_lib.verdict_text(v)}\n\n{roofline_text(bound)}\n"
   (workdir / "study.md").write_text(text)
   (workdir / "study.json").write_text(json.dumps(doc, indent=1))

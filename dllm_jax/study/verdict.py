@@ -6,7 +6,10 @@
 
 Every claim in CLAIMS is judged on the batch-1 cells of its method against one baseline cell
 (AR, or vanilla LLaDA: steps = G, low-confidence remasking), and nothing is filtered away:
-every judged cell is stored with its figures. A cell's speedup over its baseline splits into
+every judged cell is stored with its figures. A claim judged on the headline task takes its
+accuracy AND its speed from that task's prompts (each batch-1 prompt is timed on its own, so
+`per_task_time` holds every task's own tokens, time and forwards); a claim on the mixed suite
+("all tasks") uses every prompt. A cell's speedup over its baseline splits into
 measured factors,
 
     speedup = tokens_ratio * nfe_ratio / forward_cost_ratio,
@@ -35,7 +38,8 @@ Schema (study.json "verdict"): {task, ar, llada_vanilla, platform, batch_size: 1
    [, premise_d2f_loss_points]}, published, accuracy_on (task or "all tasks"), gen_length (the
    baseline's G), baseline_setting, cells [per judged cell: label, method, speedup,
    speedup_median, accuracy, accuracy_delta_points, num_correct, tokens_ratio, nfe_ratio,
-   forward_cost_ratio, speedup_at_equal_forward_cost, nfe_per_prompt
+   forward_cost_ratio, speedup_at_equal_forward_cost, nfe_per_prompt, speed_on (the task
+   whose prompts the speed is measured on, or "all tasks")
    [, tokens_per_verifier_forward, draft_length]], figure (one of cells or null), premise
    (adaptive: {best_d2f_label, best_d2f_accuracy_delta_points}, else null), status, reason,
    deciding_factor {name, value} or null}]}. Ratios that cannot be formed are null.
@@ -139,24 +143,61 @@ def _delta_points(r: MethodResult, base: MethodResult, task: str | None) -> floa
   return 100.0 * (c * nb - cb * n) / (n * nb)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Speed:
+  """What a cell's speed is judged on: all its prompts, or one task's prompts."""
+  tokens: int
+  prompts: int
+  wall_s: float
+  wall_median_s: float
+  nfe_per_prompt: float | None
+  scope: str  # the task, or "all tasks"
+
+  @property
+  def tokens_per_s(self):
+    return _ratio(self.tokens, self.wall_s)
+
+  @property
+  def tokens_per_s_median(self):
+    return _ratio(self.tokens, self.wall_median_s)
+
+  @property
+  def latency_per_prompt_s(self):
+    return _ratio(self.wall_s, self.prompts)
+
+
+def speed_on(r: MethodResult, task: str | None) -> _Speed:
+  """The cell's speed on `task`'s prompts, where they were all timed in single-task batches
+  (`per_task_time`: always at batch 1), else on every prompt (task None, or no such timing)."""
+  timed = r.per_task_time.get(task) if task is not None else None
+  if timed and len(timed) >= 5 and timed[4] == _counts(r, task)[1] and timed[1] > 0:
+    tokens, wall, nfe, median, prompts = timed[:5]
+    return _Speed(int(tokens), int(prompts), float(wall), float(median),
+                  _ratio(nfe * r.batch_size, prompts), task)
+  return _Speed(r.response_tokens, r.num_prompts, r.wall_s, r.wall_median_s,
+                r.nfe_per_prompt, "all tasks")
+
+
 def compare(r: MethodResult, base: MethodResult, task: str | None) -> dict:
-  """The figures of cell `r` against `base`: speedup, its split, accuracy delta (points)."""
+  """The figures of cell `r` against `base`: speedup, its split, accuracy delta (points).
+  With a `task`, speed as well as accuracy is measured on that task's prompts (`speed_on`)."""
   correct, total = _counts(r, task)
-  per_prompt = lambda x: _ratio(x.response_tokens, x.num_prompts)  # noqa: E731
-  tokens_ratio = _ratio(per_prompt(r), per_prompt(base))
-  nfe_ratio = _ratio(base.nfe_per_prompt, r.nfe_per_prompt)
-  cost = _ratio(_ratio(r.latency_per_prompt_s, r.nfe_per_prompt),
-                _ratio(base.latency_per_prompt_s, base.nfe_per_prompt))
+  sr, sb = speed_on(r, task), speed_on(base, task)
+  tokens_ratio = _ratio(_ratio(sr.tokens, sr.prompts), _ratio(sb.tokens, sb.prompts))
+  nfe_ratio = _ratio(sb.nfe_per_prompt, sr.nfe_per_prompt)
+  cost = _ratio(_ratio(sr.latency_per_prompt_s, sr.nfe_per_prompt),
+                _ratio(sb.latency_per_prompt_s, sb.nfe_per_prompt))
   algorithmic = (tokens_ratio * nfe_ratio if tokens_ratio is not None and nfe_ratio is not None
                  else None)
   out = {"label": r.label, "method": r.method,
-         "speedup": _ratio(r.tokens_per_s, base.tokens_per_s),
-         "speedup_median": _ratio(r.tokens_per_s_median, base.tokens_per_s_median),
+         "speedup": _ratio(sr.tokens_per_s, sb.tokens_per_s),
+         "speedup_median": _ratio(sr.tokens_per_s_median, sb.tokens_per_s_median),
          "accuracy": correct / total if total else None,
          "accuracy_delta_points": _delta_points(r, base, task),
          "num_correct": r.num_correct, "tokens_ratio": tokens_ratio, "nfe_ratio": nfe_ratio,
          "forward_cost_ratio": cost, "speedup_at_equal_forward_cost": algorithmic,
-         "nfe_per_prompt": r.nfe_per_prompt}
+         "nfe_per_prompt": sr.nfe_per_prompt,
+         "speed_on": sr.scope if sr.scope == sb.scope else "mixed"}
   if r.method == "speculative":  # one AR-verifier forward per round (DecodeOutput.steps)
     out["tokens_per_verifier_forward"] = _ratio(r.response_tokens,
                                                 r.loop_steps * r.batch_size)
@@ -261,8 +302,9 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
                 "accuracy_delta_points", fig["accuracy_delta_points"])
 
   bar = claim.tokens_per_verifier_forward
+  base_speed = speed_on(base, accuracy_task)
   if bar is not None:
-    per_prompt = base.response_tokens / max(base.num_prompts, 1)
+    per_prompt = base_speed.tokens / max(base_speed.prompts, 1)
     if per_prompt < bar:
       return done(NOT_MEASURABLE, f"answers average {per_prompt:.1f} response tokens, so no "
                   f"decoder commits {bar:g} per verifier forward", "response_tokens_per_prompt",
@@ -273,9 +315,9 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
                   f"{widest + 1} tokens per verifier forward, below {bar:g}",
                   "max_draft_length", widest)
   # A decoder writing the baseline's tokens in ONE forward a prompt, at equal cost per forward.
-  ceiling = base.nfe_per_prompt
+  ceiling = base_speed.nfe_per_prompt
   if not _fast_enough(claim, ceiling):
-    return done(NOT_MEASURABLE, f"{base_label} needs only {base.nfe_per_prompt:.1f} forwards "
+    return done(NOT_MEASURABLE, f"{base_label} needs only {ceiling:.1f} forwards "
                 f"per prompt here (G={entry['gen_length']}): even one forward per prompt at "
                 f"equal cost would give {ceiling:.2f}x, below {claim.speedup:g}x",
                 "one_forward_ceiling", ceiling)
@@ -348,16 +390,18 @@ def _cell_line(c: dict, base: str) -> str:
 def verdict_text(v: dict) -> str:
   """The printed report: each claim's status, figure and reason, then its cells (each set of
   cells once: the 10x and 50x LLaDA claims share theirs)."""
-  lines = [f"Claims checked at batch 1 (accuracy on {v['task']!r} unless noted; AR = "
+  lines = [f"Claims checked at batch 1 (accuracy and speed on {v['task']!r} unless noted; AR = "
            f"{v['ar']!r}, vanilla LLaDA = {v['llada_vanilla']!r}, platform {v['platform']}):"]
   shown = set()
   for c in v["claims"]:
     lines.append(f"  [{c['status'].upper()}] {c['text']}")
     fig = c["figure"]
     if fig is not None:
+      on = fig.get("speed_on", "all tasks")
       lines.append(f"    figure: {fig['label']}: {_x(fig['speedup'])}, accuracy "
                    f"{_fmt(fig['accuracy_delta_points'], '+.1f')} points"
-                   + (f" (G={c['gen_length']})" if c["gen_length"] else ""))
+                   + (f" (G={c['gen_length']})" if c["gen_length"] else "")
+                   + ("" if on == "all tasks" else f", speed on {on} prompts"))
     lines.append(f"    {c['reason']}")
     lines.append(f"    published: {c['published']}")
     key = (c["method"], c["baseline"])
