@@ -14,6 +14,7 @@ trained models cached there (as orbax checkpoints) and the TFDS data files under
 <workdir>/data. The printed and stored verdict (dllm_jax/study/verdict.py) names every claim.
 """
 
+import os
 import sys
 
 from absl import app, flags
@@ -28,8 +29,28 @@ try:
 except ValueError as e:
   sys.exit(f"experiments/study.py: {e}")
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/study.py", "Study config file.",
-                                          lock_config=True)
+
+def _repo_config(path: str) -> str:
+  """`configs/...` is this repository's when the working directory has no such file, so the
+  script runs from anywhere; any other missing config file is a one-line error."""
+  file = path.split(":")[0]
+  if os.path.exists(file):
+    return path
+  repo = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path)
+  if os.path.exists(repo.split(":")[0]):
+    return repo
+  sys.exit(f"experiments/study.py: config file {file!r} not found (a path relative to the "
+           "working directory, or configs/... of this repository).")
+
+
+for _i, _arg in enumerate(sys.argv):
+  if _arg.startswith("--config="):
+    sys.argv[_i] = "--config=" + _repo_config(_arg.removeprefix("--config="))
+  elif _arg == "--config" and _i + 1 < len(sys.argv):
+    sys.argv[_i + 1] = _repo_config(sys.argv[_i + 1])
+
+_CONFIG = config_flags.DEFINE_config_file("config", _repo_config("configs/study.py"),
+                                          "Study config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where models and reports go (default: "
                                "runs/study, or runs/study_<mode> for the other modes).")
 
