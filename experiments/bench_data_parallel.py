@@ -13,12 +13,13 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 
 from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
 from dllm_jax.study import dp_bench  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/bench_data_parallel.py",
-                                          "configs/bench_data_parallel.py", lock_config=True)
+import _config_args  # noqa: E402  (experiments/_config_args.py)
+
+_CONFIG = _config_args.define("configs/bench_data_parallel.py", "configs/bench_data_parallel.py",
+                               lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/bench_data_parallel", "Output directory.")
 
 
@@ -29,4 +30,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _config_args.run(main)

@@ -7,12 +7,13 @@ be overridden, e.g. --config.repeats=3.
 """
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from dllm_jax.study import decode_bench
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/bench_decode.py",
-                                          "configs/bench_decode.py", lock_config=True)
+import _config_args  # experiments/_config_args.py: --config found from any directory
+
+_CONFIG = _config_args.define("configs/bench_decode.py", "configs/bench_decode.py",
+                               lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/bench_decode", "Output directory.")
 
 
@@ -23,4 +24,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _config_args.run(main)

@@ -13,16 +13,16 @@ every trial, as JSON (`CalibrationResult.to_json`); the "options" entry goes str
 """
 
 import json
-import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from dllm_jax import loading
 from dllm_jax.decoding import adaptive_calibration as calib
 from dllm_jax.sampler import decode_text, encode_text
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/adaptive.py")
+import _config_args  # experiments/_config_args.py: --config found from any directory
+
+_CONFIG = _config_args.define("configs/adaptive.py", "configs/adaptive.py")
 _TARGET = flags.DEFINE_string("target", None, "AR model: training workdir or model dir.",
                               required=True)
 _DRAFTER = flags.DEFINE_string("drafter", None, "D2F / block-diffusion drafter directory.",
@@ -72,4 +72,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  sys.exit(app.run(main))
+  _config_args.run(main)

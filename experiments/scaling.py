@@ -10,12 +10,13 @@ sweeps G, cost_vs_length.png to --workdir. Any config key can be overridden, e.g
 """
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from dllm_jax.study import scaling
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/scaling.py",
-                                          "configs/scaling.py[:full]", lock_config=True)
+import _config_args  # experiments/_config_args.py: --config found from any directory
+
+_CONFIG = _config_args.define("configs/scaling.py", "configs/scaling.py[:full]",
+                               lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/scaling", "Output directory.")
 
 
@@ -26,4 +27,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _config_args.run(main)

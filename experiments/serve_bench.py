@@ -7,12 +7,13 @@ Any config key can be overridden, e.g. --config.concurrency='(16,)'.
 """
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from dllm_jax.study import serve_bench
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/serve_bench.py",
-                                          "configs/serve_bench.py", lock_config=True)
+import _config_args  # experiments/_config_args.py: --config found from any directory
+
+_CONFIG = _config_args.define("configs/serve_bench.py", "configs/serve_bench.py",
+                               lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "runs/serve_bench", "Output directory.")
 
 
@@ -23,4 +24,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _config_args.run(main)

@@ -14,13 +14,13 @@ trained models cached there (as orbax checkpoints) and the TFDS data files under
 <workdir>/data. The printed and stored verdict (dllm_jax/study/verdict.py) names every claim.
 """
 
-import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from dllm_jax.study import study
+
+import _config_args  # experiments/_config_args.py: --config found from any directory
 
 # Before the flags are defined: the config flag reads sys.argv when it is defined (to register
 # the `--config.*` overrides), so it must already see the mode flags expanded.
@@ -28,29 +28,7 @@ try:
   sys.argv = study.expand_mode_flags(sys.argv)
 except ValueError as e:
   sys.exit(f"experiments/study.py: {e}")
-
-
-def _repo_config(path: str) -> str:
-  """`configs/...` is this repository's when the working directory has no such file, so the
-  script runs from anywhere; any other missing config file is a one-line error."""
-  file = path.split(":")[0]
-  if os.path.exists(file):
-    return path
-  repo = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path)
-  if os.path.exists(repo.split(":")[0]):
-    return repo
-  sys.exit(f"experiments/study.py: config file {file!r} not found (a path relative to the "
-           "working directory, or configs/... of this repository).")
-
-
-for _i, _arg in enumerate(sys.argv):
-  if _arg.startswith("--config="):
-    sys.argv[_i] = "--config=" + _repo_config(_arg.removeprefix("--config="))
-  elif _arg == "--config" and _i + 1 < len(sys.argv):
-    sys.argv[_i + 1] = _repo_config(sys.argv[_i + 1])
-
-_CONFIG = config_flags.DEFINE_config_file("config", _repo_config("configs/study.py"),
-                                          "Study config file.", lock_config=True)
+_CONFIG = _config_args.define("configs/study.py", "Study config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where models and reports go (default: "
                                "runs/study, or runs/study_<mode> for the other modes).")
 
@@ -62,4 +40,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _config_args.run(main)

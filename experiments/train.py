@@ -12,12 +12,13 @@ full absl (orbax, JAX) INFO log.
 import json
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from dllm_jax.training import trainer
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/*.py).",
-                                          lock_config=True)
+import _config_args  # experiments/_config_args.py: --config found from any directory
+
+_CONFIG = _config_args.define(None, "Experiment config file (configs/*.py).",
+                               lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, config and metrics.")
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -32,4 +33,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _config_args.run(main)

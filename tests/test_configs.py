@@ -200,6 +200,28 @@ def test_study_mode_flags_and_default_workdirs(tmp_path):
   assert proc.returncode == 1 and "pass one study mode" in proc.stderr
 
 
+@pytest.mark.parametrize("script", ["study", "train", "serve_bench", "scaling", "bench_decode",
+                                    "bench_data_parallel", "calibrate_adaptive"])
+def test_experiment_scripts_find_their_configs_from_any_directory(script, tmp_path):
+  """Run from another directory, `configs/...` is the repository's (an override of a key it
+  lacks is then reported against it, so the config was found); a config file found nowhere,
+  or an override naming no key, is one line, not a traceback."""
+  path = os.path.join(REPO, "experiments", f"{script}.py")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  run = lambda *args: subprocess.run([sys.executable, path, *args], cwd=tmp_path, env=env,
+                                     capture_output=True, text=True, timeout=300)
+  proc = run("--config=configs/nope.py", f"--workdir={tmp_path}/w")
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1] == (
+      f"{script}.py: config file 'configs/nope.py' not found (a path relative to the working "
+      "directory, or configs/... of this repository).")
+  given = ["--config=configs/ar_tiny.py"] if script == "train" else []  # train: no default
+  proc = run(*given, "--config.no_such_key=1", f"--workdir={tmp_path}/w")
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1] == (
+      f"{script}.py: a --config override names no key of the config: no_such_key")
+
+
 @pytest.mark.parametrize("mode", STUDY_MODES)
 def test_every_study_cell_traces_at_its_mode_shapes(mode, tmp_path):
   """Each decoding cell of each mode is a valid decode at that mode's G and prompt length:
