@@ -7,6 +7,7 @@ their own process). It returns the snippet's stdout and fails the test with its 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -76,6 +77,24 @@ def no_compile_cache():
   jax.config.update("jax_enable_compilation_cache", False)
   yield
   jax.config.update("jax_enable_compilation_cache", saved)
+
+
+@contextlib.contextmanager
+def backend_compiles():
+  """Collects one entry per XLA backend compile run while the block runs (a list)."""
+  import jax
+  from jax._src import dispatch
+  compiles = []
+
+  def listen(event, duration, **kw):
+    if event == dispatch.BACKEND_COMPILE_EVENT:
+      compiles.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    yield compiles
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
 
 
 def xla_flags(devices: int = 1) -> str:

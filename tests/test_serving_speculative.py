@@ -18,6 +18,8 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import backend_compiles
+
 from dllm_jax.decoding import generate
 from dllm_jax.serving import (BadOptionError, Engine, MaskInPromptError, PromptTooLongError,
                               Result, StreamUpdate, request_keys)
@@ -130,19 +132,11 @@ def test_engine_rejects_bad_setup(params):
 
 
 def test_no_recompiles_after_warmup(params, no_compile_cache):
-  from jax._src import dispatch
   engine = Engine(params, CFG, methods="speculative",
                   options=lane_options(params, "d2f_sampled"), slots=4, max_prompt_len=16,
                   prompt_buckets=(8, 16), admit_sizes=(4,))
   engine.warmup()
-  compiles = []
-
-  def listen(event, duration, **kw):
-    if event == dispatch.BACKEND_COMPILE_EVENT:
-      compiles.append(event)
-
-  jax.monitoring.register_event_duration_secs_listener(listen)
-  try:
+  with backend_compiles() as compiles:
     for prompt, kw in workload(10, seed=5):
       engine.submit(prompt, **kw)
     engine.run_until_idle()
@@ -151,7 +145,5 @@ def test_no_recompiles_after_warmup(params, no_compile_cache):
     engine.step()
     engine.cancel(engine._next_id - 1)
     results = engine.run_until_idle()
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listen)
   assert compiles == []
   assert any(isinstance(r, Result) and r.ok for r in results)
