@@ -38,9 +38,9 @@ def batch_of(prompts, length=None):
 
 
 def spec(target, drafter, kind, tokens, valid, **kw):
-  kw = dict(gen_length=G, draft_length=K, return_stats=True) | kw
+  kw = dict(gen_length=G, draft_length=K, return_stats=True, drafter_cfg=CFG) | kw
   return speculative.speculative_generate(target, CFG, tokens, valid, drafter_params=drafter,
-                                          drafter_cfg=CFG, drafter=kind, **kw)
+                                          drafter=kind, **kw)
 
 
 def same_tokens(out, ref):
@@ -131,9 +131,9 @@ def counting_batch(rs, b=32, p=4, length=16):
               positions=np.broadcast_to(np.arange(length, dtype=np.int32), (b, length)))
 
 
-def train(name, steps, seed, **options):
-  loss_fn = make_objective(name, CFG, **options)
-  params = random_params(CFG, seed, 0.05)
+def train(name, steps, seed, cfg=CFG, **options):
+  loss_fn = make_objective(name, cfg, **options)
+  params = random_params(cfg, seed, 0.05)
   tx = optax.adam(1e-2)
 
   @jax.jit
@@ -174,6 +174,49 @@ def test_greedy_equals_ar_on_trained_models(trained, random_models, kind):
   print(f"{kind} drafter: {per_forward:.2f} tokens per target forward, "
         f"{int(st.drafter_forwards)} drafter forwards")
   assert per_forward > 1.5  # trained drafters get whole blocks accepted
+
+
+# A drafter much smaller than the target: every width differs (D, layers, heads, K/V heads,
+# head_dim, F); only the tokenizer (vocab, special ids) and the window are shared.
+NARROW = CFG.replace(name="tiny-narrow", d_model=24, n_layers=1, n_heads=2, n_kv_heads=1,
+                     mlp_dim=40)
+WIDTHS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "resolved_head_dim", "mlp_dim")
+
+
+@pytest.fixture(scope="module")
+def narrow_trained(trained):
+  """The trained target, and a narrow AR drafter trained on the same counting data."""
+  drafter, loss = train("ar", 200, 2, cfg=NARROW)
+  return trained[0], drafter, loss
+
+
+@pytest.mark.parametrize("weights", ["random", pytest.param("trained", marks=pytest.mark.slow)])
+def test_narrow_ar_drafter_is_greedy_exact(request, random_models, weights):
+  """A narrower, shallower AR drafter (its own cache shapes) leaves the output the target's
+  greedy AR tokens, batched over prompts of different lengths and one row alone. Trained,
+  it gets whole drafts accepted, so the full-accept round (`pending`) runs as well."""
+  if weights == "random":
+    (target, _), drafter, prompts = random_models, random_params(NARROW, 5, 0.3), PROMPTS
+  else:
+    target, drafter, loss = request.getfixturevalue("narrow_trained")
+    assert loss < 1.0, f"the narrow drafter did not train (loss {loss})"
+    prompts = COUNT_PROMPTS
+  assert all(getattr(NARROW, w) != getattr(CFG, w) for w in WIDTHS)
+
+  def narrow(tokens, valid):
+    return spec(target, drafter, "ar", tokens, valid, drafter_cfg=NARROW)
+
+  tokens, valid = batch_of(prompts)
+  ref = ar.ar_generate(target, CFG, tokens, valid, gen_length=G)
+  out, st = narrow(tokens, valid)
+  same_tokens(out, ref)
+  assert int(st.drafter_forwards) == K * int(st.target_forwards)
+  for r, prompt in enumerate(prompts):
+    alone, _ = narrow(*batch_of([prompt], tokens.shape[1]))
+    np.testing.assert_array_equal(np.asarray(alone.tokens[0]), np.asarray(out.tokens[r]))
+  if weights == "trained":
+    per_forward = np.asarray(out.committed).sum() / np.asarray(st.rounds).sum()
+    assert per_forward > 1.5, f"{per_forward:.2f} tokens per target forward"
 
 
 @pytest.mark.slow

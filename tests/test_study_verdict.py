@@ -3,6 +3,7 @@ cell's accuracy or tokens/s crosses its threshold, and recomputable from the sto
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -263,3 +264,123 @@ def test_task_claims_time_the_task_own_prompts_where_it_was_timed_alone():
   doc["verdict"] = verdict.judge(rows, task=TASK, llada_label=LLADA)
   accounting.validate_json(doc)
   verdict.check_recomputes(doc)
+
+
+# ----------------------------------------------------------------------------- accelerated AR
+
+ACCEL = "speculative ar k=4"
+AR_CLAIMS = ("d2f_vs_ar", "lossless_hybrid", "adaptive_switching")
+LLADA_CLAIMS = ("d2f_vs_llada_10x", "d2f_vs_llada_50x", "fast_dllm_vs_llada")
+
+
+def accelerated_scenario():
+  """The scenario plus an adaptive cell, an accelerated AR (750 tok/s: 2.5x AR, AR's
+  accuracy, 6 tokens per verifier forward, so it would lead the lossless-hybrid claim were it
+  judged there) and a second AR-drafter speculative cell that claim must not judge either."""
+  ar_drafter = {"model": "ar", "drafter": "ar", "drafter_model": "ar_small", "gen_length": 32}
+  return scenario() + [
+      cell("adaptive", "adaptive", 90, 3000, 1500, 6.0),
+      cell(ACCEL, "speculative", 90, 3000, 2500, 4.0, loop_steps=500,
+           setting=ar_drafter | {"draft_length": 4}),
+      cell("speculative ar k=8", "speculative", 90, 3000, 2500, 3.0, loop_steps=500,
+           setting=ar_drafter | {"draft_length": 8}),
+  ]
+
+
+def without_accelerated(entry):
+  """A claim entry with every `vs_accelerated_ar` removed."""
+  def strip(c):
+    return None if c is None else {k: v for k, v in c.items() if k != "vs_accelerated_ar"}
+  return entry | {"cells": [strip(c) for c in entry["cells"]], "figure": strip(entry["figure"])}
+
+
+def test_claims_against_ar_also_carry_their_figures_against_the_accelerated_ar():
+  """Every cell and figure of a claim against AR is also set against the accelerated AR
+  (tokens/s over its tokens/s, on the same prompts); nothing else of the verdict moves."""
+  rows = accelerated_scenario()
+  plain, accel = claims(rows), claims(rows, accelerated_ar_label=ACCEL)
+  tokens_per_s = {r.label: r.response_tokens / r.wall_s for r in rows}
+  for cid in AR_CLAIMS:
+    entry = accel[cid]
+    assert entry["cells"] and entry["figure"] is not None, cid
+    for c in entry["cells"] + [entry["figure"]]:
+      vs = c["vs_accelerated_ar"]
+      assert set(vs) == {"baseline", *verdict.VS_ACCELERATED_AR}
+      assert vs["baseline"] == ACCEL
+      assert vs["speedup"] == pytest.approx(tokens_per_s[c["label"]] / tokens_per_s[ACCEL])
+      assert vs["nfe_ratio"] == pytest.approx(2500 / next(
+          r.nfe for r in rows if r.label == c["label"]))
+      assert vs["accuracy_delta_points"] == pytest.approx(c["accuracy_delta_points"])
+    assert without_accelerated(entry) == plain[cid]  # statuses, figures, reasons: unchanged
+  fig = accel["d2f_vs_ar"]["figure"]
+  assert fig["label"] == "d2f good"
+  assert fig["vs_accelerated_ar"]["speedup"] == pytest.approx(1000 / 750)
+  assert {k: x["status"] for k, x in accel.items()} == {k: x["status"] for k, x in plain.items()}
+
+
+def test_llada_claims_and_a_missing_accelerated_cell_carry_no_accelerated_figures():
+  rows = accelerated_scenario()
+  accel = claims(rows, accelerated_ar_label=ACCEL)
+  for cid in LLADA_CLAIMS:
+    assert accel[cid]["cells"], cid
+    assert all("vs_accelerated_ar" not in c for c in accel[cid]["cells"] + [accel[cid]["figure"]])
+  # Named but not measured at batch 1 (or not named): the key is absent, never null.
+  no_cell = [r for r in rows if r.label != ACCEL] + [
+      dataclasses.replace(next(r for r in rows if r.label == ACCEL), batch_size=16)]
+  for v in (verdict.judge(no_cell, task=TASK, llada_label=LLADA, accelerated_ar_label=ACCEL),
+            verdict.judge(rows, task=TASK, llada_label=LLADA)):
+    for entry in v["claims"]:
+      assert all("vs_accelerated_ar" not in c for c in entry["cells"]), entry["id"]
+  assert verdict.judge(rows, task=TASK, llada_label=LLADA)["accelerated_ar"] is None
+  assert verdict.judge(rows, task=TASK, llada_label=LLADA,
+                       accelerated_ar_label=ACCEL)["accelerated_ar"] == ACCEL
+
+
+def test_lossless_hybrid_judges_diffusion_drafters_only():
+  """The accelerated AR (and any AR-drafter speculative cell) is faster than the D2F-drafter
+  cell here: judged as a hybrid it would be the figure. It is not judged."""
+  rows = accelerated_scenario()
+  for kw in ({}, {"accelerated_ar_label": ACCEL}):
+    hybrid = claims(rows, **kw)["lossless_hybrid"]
+    assert [c["label"] for c in hybrid["cells"]] == ["spec k=8"]
+    assert hybrid["figure"]["label"] == "spec k=8"
+    assert hybrid["figure"]["speedup"] == pytest.approx(2.0)
+  # Named as the accelerated AR, a cell is no claim's cell whatever its drafter.
+  renamed = [dataclasses.replace(r, setting={"draft_length": 8}) if r.label == ACCEL else r
+             for r in rows]
+  hybrid = claims(renamed, accelerated_ar_label=ACCEL)["lossless_hybrid"]
+  assert [c["label"] for c in hybrid["cells"]] == ["spec k=8"]
+  assert ACCEL in [c["label"] for c in claims(renamed)["lossless_hybrid"]["cells"]]
+
+
+def test_accelerated_ar_verdict_recomputes_from_the_stored_json():
+  rows = accelerated_scenario()
+  config = {"eval": {"headline_task": TASK, "llada_vanilla_label": LLADA,
+                     "accelerated_ar_label": ACCEL}}
+  doc = accounting.results_json(
+      rows, machine={"platform": "cpu"}, config=config,
+      extra={"verdict": verdict.judge(rows, task=TASK, llada_label=LLADA, platform="cpu",
+                                      accelerated_ar_label=ACCEL)})
+  stored = json.loads(json.dumps(doc))
+  assert verdict.recompute(stored) == stored["verdict"]
+  assert "vs_accelerated_ar" in stored["verdict"]["claims"][0]["figure"]
+  verdict.check_recomputes(doc)
+  del stored["config"]["eval"]["accelerated_ar_label"]  # the label is read from the config
+  with pytest.raises(ValueError, match="not the one its stored cells give"):
+    verdict.check_recomputes(stored)
+
+
+def test_text_shows_the_speedup_over_the_accelerated_ar():
+  rows = accelerated_scenario()
+  text = verdict.verdict_text(verdict.judge(rows, task=TASK, llada_label=LLADA,
+                                            accelerated_ar_label=ACCEL))
+  assert "figure: d2f good: 3.33x, accuracy +0.0 points; 1.33x speculative ar k=4" in text
+  d2f_lines = [line for line in text.splitlines() if line.startswith("      d2f good:")]
+  assert len(d2f_lines) == 2  # against AR, then against LLaDA
+  assert d2f_lines[0].endswith("tokens 1.00x; 1.33x speculative ar k=4")
+  assert ACCEL not in d2f_lines[1]
+  spec_line = next(line for line in text.splitlines() if line.startswith("      spec k=8:"))
+  assert spec_line.endswith("6.00 tokens per verifier forward; 0.80x speculative ar k=4")
+  plain = verdict.verdict_text(verdict.judge(rows, task=TASK, llada_label=LLADA))
+  assert ACCEL not in plain  # and nothing else of the text changes
+  assert re.sub(r"; [0-9.]+x speculative ar k=4", "", text) == plain

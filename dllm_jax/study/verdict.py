@@ -32,7 +32,15 @@ Status of a claim:
                        speedup reaches the threshold but the wider forward's cost does not;
   not measured         the run has no cell of the method (or of its baseline).
 
-Schema (study.json "verdict"): {task, ar, llada_vanilla, platform, batch_size: 1, claims: [
+Every claim against AR is also set against an *accelerated AR* where the study names one
+(`accelerated_ar_label`: speculative AR decoding with a small AR drafter): each of its cells
+carries its figures against that cell too (`vs_accelerated_ar`), for the reader only; the
+status is judged against plain AR. The lossless-hybrid claim is about a diffusion drafter, so
+it judges no speculative cell with an AR drafter (`setting["drafter"] == "ar"`), and no claim
+judges the accelerated AR cell itself.
+
+Schema (study.json "verdict"): {task, ar, llada_vanilla, accelerated_ar (its label as
+configured, or null), platform, batch_size: 1, claims: [
   {id, text, method, baseline (label), threshold {speedup, speedup_strict,
    accuracy_tolerance_points, exact_accuracy[, tokens_per_verifier_forward]
    [, premise_d2f_loss_points]}, published, accuracy_on (task or "all tasks"), gen_length (the
@@ -40,13 +48,18 @@ Schema (study.json "verdict"): {task, ar, llada_vanilla, platform, batch_size: 1
    speedup_median, accuracy, accuracy_delta_points, num_correct, tokens_ratio, nfe_ratio,
    forward_cost_ratio, speedup_at_equal_forward_cost, nfe_per_prompt, speed_on (the task
    whose prompts the speed is measured on, or "all tasks")
-   [, tokens_per_verifier_forward, draft_length]], figure (one of cells or null), premise
+   [, tokens_per_verifier_forward, draft_length]
+   [, vs_accelerated_ar {baseline (the accelerated AR's label), speedup, speedup_median,
+     accuracy_delta_points, nfe_ratio, forward_cost_ratio, tokens_ratio,
+     speedup_at_equal_forward_cost}: only in a claim against AR, and only where the
+     accelerated AR's batch-1 cell exists]], figure (one of cells or null), premise
    (adaptive: {best_d2f_label, best_d2f_accuracy_delta_points}, else null), status, reason,
    deciding_factor {name, value} or null}]}. Ratios that cannot be formed are null.
 
-The verdict reads only the stored cells (`results`), the config's headline task and vanilla
-LLaDA label, and the machine's platform, so `recompute(study_json)` rebuilds it exactly: a
-verdict written by hand would not survive that check.
+The verdict reads only the stored cells (`results`), the config's headline task, vanilla
+LLaDA label and accelerated AR label (`eval.accelerated_ar_label`, optional), and the machine's
+platform, so `recompute(study_json)` rebuilds it exactly: a verdict written by hand would not
+survive that check.
 """
 
 from __future__ import annotations
@@ -70,7 +83,8 @@ class Claim:
   `accuracy_on`: "task" (the headline task) or "all" (every prompt: the mixed suite).
   `tokens_per_verifier_forward`: the lossless-hybrid bar on response tokens per AR-verifier
   forward. `premise_d2f_loss_points`: adaptive switching is judged only where the most accurate
-  D2F cell loses more than this to AR.
+  D2F cell loses more than this to AR. `exclude_drafters`: cells whose setting's "drafter"
+  is one of these are not the method the claim is about (and are not judged).
   """
   id: str
   text: str
@@ -84,6 +98,7 @@ class Claim:
   exact: bool = False
   tokens_per_verifier_forward: float | None = None
   premise_d2f_loss_points: float | None = None
+  exclude_drafters: tuple[str, ...] = ()
 
   def threshold(self) -> dict:
     out = {"speedup": self.speedup, "speedup_strict": self.strict_speedup,
@@ -114,7 +129,8 @@ CLAIMS = (
     Claim("lossless_hybrid", "Speculative (D2F drafter, AR verifier): AR's accuracy exactly, "
           ">= 5 response tokens per AR-verifier forward, >= 1.2x AR tokens/s", "speculative",
           "ar", 1.2, 0.0, "DFlash: 6.2x lossless on Qwen3-8B; TiDAR 4.71-5.91x over AR (H100, "
-          "batch 1)", accuracy_on="all", exact=True, tokens_per_verifier_forward=5.0),
+          "batch 1)", accuracy_on="all", exact=True, tokens_per_verifier_forward=5.0,
+          exclude_drafters=("ar",)),
     Claim("adaptive_switching", "Adaptive switching: within 1 point of AR accuracy on the "
           "mixed suite, where D2F alone loses > 5 points, and faster than AR", "adaptive", "ar",
           1.0, 1.0, "the hybrid issue's bar (no published anchor)", accuracy_on="all",
@@ -205,6 +221,17 @@ def compare(r: MethodResult, base: MethodResult, task: str | None) -> dict:
   return out
 
 
+# The figures of a cell against the accelerated AR (`vs_accelerated_ar`), after its label.
+VS_ACCELERATED_AR = ("speedup", "speedup_median", "accuracy_delta_points", "nfe_ratio",
+                     "forward_cost_ratio", "tokens_ratio", "speedup_at_equal_forward_cost")
+
+
+def versus_accelerated_ar(r: MethodResult, accelerated: MethodResult, task: str | None) -> dict:
+  """Cell `r`'s speed and accuracy figures against the accelerated AR cell (`compare`)."""
+  full = compare(r, accelerated, task)
+  return {"baseline": accelerated.label, **{k: full[k] for k in VS_ACCELERATED_AR}}
+
+
 def _fast_enough(claim: Claim, speedup) -> bool:
   if speedup is None:
     return False
@@ -242,7 +269,9 @@ def _x(x) -> str:
 
 def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult | None,
                  base_label: str, d2f: Sequence[MethodResult], *, task: str,
-                 platform: str) -> dict:
+                 platform: str, accelerated: MethodResult | None = None) -> dict:
+  """One claim's entry (module docstring); `accelerated`: the accelerated AR cell every
+  judged cell is also set against (figures only: the status is judged against `base`)."""
   accuracy_task = task if claim.accuracy_on == "task" else None
   entry = {"id": claim.id, "text": claim.text, "method": claim.method,
            "baseline": base_label, "threshold": claim.threshold(),
@@ -263,6 +292,9 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
   if base is None:
     return done(NOT_MEASURED, f"no baseline cell {base_label!r} at batch 1 in this run")
   rows = [compare(r, base, accuracy_task) for r in cells]
+  if accelerated is not None:
+    for r, row in zip(cells, rows):
+      row["vs_accelerated_ar"] = versus_accelerated_ar(r, accelerated, accuracy_task)
   entry["cells"] = rows
   accurate = [c for c in rows if _accurate(claim, c, base)]
   speed = lambda c: -1.0 if c["speedup"] is None else c["speedup"]  # noqa: E731
@@ -342,21 +374,36 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
               "speedup", fig["speedup"])
 
 
+def _judged(claim: Claim, r: MethodResult, accelerated_ar_label: str | None) -> bool:
+  """Whether cell `r` is one of the claim's: its method, not the accelerated AR baseline,
+  not a drafter the claim excludes."""
+  return (r.method == claim.method and r.label != accelerated_ar_label
+          and r.setting.get("drafter") not in claim.exclude_drafters)
+
+
 def judge(results: Sequence[MethodResult], *, task: str, llada_label: str,
-          ar_label: str = "ar", platform: str = "cpu", claims=CLAIMS) -> dict:
-  """Judges every claim on the batch-1 cells of `results` (see the module docstring)."""
+          ar_label: str = "ar", platform: str = "cpu", claims=CLAIMS,
+          accelerated_ar_label: str | None = None) -> dict:
+  """Judges every claim on the batch-1 cells of `results` (see the module docstring).
+
+  accelerated_ar_label: the accelerated AR cell (e.g. "speculative ar k=4"); where its
+  batch-1 cell exists, every cell of a claim against AR also gets `vs_accelerated_ar`.
+  """
   at1 = [r for r in results if r.batch_size == 1]
   by_label = {r.label: r for r in at1}
   labels = {"ar": ar_label, "llada": llada_label}
+  accelerated = by_label.get(accelerated_ar_label)
   d2f = [r for r in at1 if r.method == "d2f"]
   out = []
   for claim in claims:
     base_label = labels[claim.baseline]
-    cells = [r for r in at1 if r.method == claim.method]
+    cells = [r for r in at1 if _judged(claim, r, accelerated_ar_label)]
     out.append(_judge_claim(claim, cells, by_label.get(base_label), base_label, d2f,
-                            task=task, platform=platform))
-  return {"task": task, "ar": ar_label, "llada_vanilla": llada_label, "platform": platform,
-          "batch_size": 1, "claims": out}
+                            task=task, platform=platform,
+                            accelerated=accelerated if claim.baseline == "ar" else None))
+  return {"task": task, "ar": ar_label, "llada_vanilla": llada_label,
+          "accelerated_ar": accelerated_ar_label, "platform": platform, "batch_size": 1,
+          "claims": out}
 
 
 def recompute(doc: dict) -> dict:
@@ -364,7 +411,8 @@ def recompute(doc: dict) -> dict:
   results = [MethodResult.from_json(row) for row in doc["results"]]
   ev = doc["config"]["eval"]
   return judge(results, task=ev["headline_task"], llada_label=ev["llada_vanilla_label"],
-               platform=doc["machine"]["platform"])
+               platform=doc["machine"]["platform"],
+               accelerated_ar_label=ev.get("accelerated_ar_label"))
 
 
 def check_recomputes(doc: dict) -> None:
@@ -376,6 +424,12 @@ def check_recomputes(doc: dict) -> None:
                      "rebuild it with verdict.recompute(doc).")
 
 
+def _vs_accelerated(c: dict) -> str:
+  """`; 0.85x speculative ar k=4`: the cell's speedup over the accelerated AR, if judged."""
+  vs = c.get("vs_accelerated_ar")
+  return "" if vs is None else f"; {_x(vs['speedup'])} {vs['baseline']}"
+
+
 def _cell_line(c: dict, base: str) -> str:
   line = (f"      {c['label']}: {_x(c['speedup'])} {base} tokens/s "
           f"({_x(c['speedup_median'])} by median times), accuracy "
@@ -384,7 +438,7 @@ def _cell_line(c: dict, base: str) -> str:
           f"{base} forward's time, tokens {_x(c['tokens_ratio'])}")
   if "tokens_per_verifier_forward" in c:
     line += f"; {_fmt(c['tokens_per_verifier_forward'])} tokens per verifier forward"
-  return line
+  return line + _vs_accelerated(c)
 
 
 def verdict_text(v: dict) -> str:
@@ -401,7 +455,8 @@ def verdict_text(v: dict) -> str:
       lines.append(f"    figure: {fig['label']}: {_x(fig['speedup'])}, accuracy "
                    f"{_fmt(fig['accuracy_delta_points'], '+.1f')} points"
                    + (f" (G={c['gen_length']})" if c["gen_length"] else "")
-                   + ("" if on == "all tasks" else f", speed on {on} prompts"))
+                   + ("" if on == "all tasks" else f", speed on {on} prompts")
+                   + _vs_accelerated(fig))
     lines.append(f"    {c['reason']}")
     lines.append(f"    published: {c['published']}")
     key = (c["method"], c["baseline"])
