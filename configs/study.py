@@ -4,8 +4,10 @@
   python experiments/study.py --mixed   # mixed tasks, long worked answers   (runs/study_mixed)
   python experiments/study.py --long    # long answers, ~35 min on CPU        (runs/study_long)
   python experiments/study.py --full    # larger, for an accelerator          (runs/study_full)
+  python experiments/study.py --tradeoff  # the trade-off curves, from the default's models
 
-`--mixed` / `--long` / `--full` stand for `--config configs/study.py:mixed` / `:long` / `:full`.
+`--mixed` / `--long` / `--full` / `--tradeoff` stand for `--config configs/study.py:mixed`
+(`:long`, `:full`, `:tradeoff`).
 
 Three models of the same size on the same synthetic data: an AR model, a masked-diffusion
 model (MDM; `mdm_from_ar=True` starts it from the trained AR model's weights), and a D2F
@@ -38,6 +40,20 @@ Modes:
   full   for an accelerator: a wider, deeper model (d 512, 8 layers, 34M parameters), 10x
          the steps, on long addition worked column by column at 3, 4 and 6 digits (answers
          of up to 61 characters, G = 64); the D2F student is distilled at block 16.
+  tradeoff  the survey's three trade-offs as curves, on the default mode's data and its
+         trained AR, MDM and D2F models (same workdir, runs/study: they are loaded, not
+         retrained), plus three models of its own (TRADEOFF below):
+           * steps x unmasking schedule: LLaDA (one block over G) and block diffusion (the
+             D2F student at its training block k) at k, k/2, k/4, k/8, k/16 steps per block
+             (those >= 1) under the even (LLaDA) and cosine (MaskGIT) schedules, and under the
+             entropy bound (confidence-adaptive) at a sweep of bounds; Fast-dLLM and D2F at a
+             threshold sweep (their threshold is their confidence-adaptive commit rule);
+           * training noise schedule: MDMs trained with linear, cosine and polynomial alpha(t)
+             on the same data, steps and seed, each decoded at every step count;
+           * AR's own acceleration: speculative AR with a narrow AR drafter (`ar_draft`,
+             trained with the AR model's recipe), greedy-exact to AR; every "x AR" of the
+             verdict is also given against it.
+         One batch size (1, the verdict's), every cell timed like the other modes'.
 
 Every D2F setting runs with no bound on the blocks in flight (the reference) and, where the
 response has more than two blocks, with at most two (`A=2`); with two blocks or fewer the
@@ -59,7 +75,7 @@ import os
 from ml_collections import config_dict
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-MODES = ("", "mixed", "long", "full")
+MODES = ("", "mixed", "long", "full", "tradeoff")
 # The default mode's mixed suite: long worked answers (weight 2: the headline task), sorting
 # (copying-like: safe in parallel), short answers, and running sums (parallel commits fail).
 MIXED = "long_addition:2:2,sorting:1,arithmetic:1,running_sum:1"
@@ -153,10 +169,30 @@ def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
   ] + d2f + hybrids
 
 
+# The trade-off mode's own models and grid (see the module docstring).
+TRADEOFF = {
+    # The accelerated AR baseline's drafter: the AR model's recipe (data, steps, optimizer)
+    # at a quarter of its width-by-depth compute per token: d 48, 2 layers, 2 heads.
+    "draft_width": {"d_model": 48, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2,
+                    "mlp_dim": 192},
+    "draft_lengths": (2, 4),
+    # MDMs trained with each alpha(t), same data, steps and seed: 800 steps each (not the
+    # default MDM's 3000, so that the three fit the mode's 20-minute budget on 2 cores).
+    "train_schedules": ("linear", "cosine", "polynomial"),
+    "train_schedule_steps": 800,
+    "steps_divisors": (1, 2, 4, 8, 16),              # steps per block k / d
+    "entropy_bounds": (0.01, 0.1, 0.3, 1.0, 3.0),    # nats
+    "thresholds": (0.95, 0.9, 0.8, 0.7, 0.5, 0.3),   # Fast-dLLM threshold, D2F tau_conf
+}
+
+
 def get_config(mode: str = ""):
   if mode not in MODES:
     raise ValueError(f"unknown study mode {mode!r}; use configs/study.py, "
-                     "configs/study.py:mixed, configs/study.py:long or configs/study.py:full")
+                     "configs/study.py:mixed, configs/study.py:long, configs/study.py:full "
+                     "or configs/study.py:tradeoff")
+  if mode == "tradeoff":
+    return _tradeoff_config()
   full = mode == "full"
   tasks, block, train_block = DATA[mode]
   c = config_dict.ConfigDict()
@@ -211,6 +247,72 @@ def get_config(mode: str = ""):
   c.methods = _methods(mode, _gen_length(c.data), train_block, tasks)
   c.lock()
   return c
+
+
+def _tradeoff_config():
+  """The default mode's config (same data, same AR / MDM / D2F models, so that the default
+  mode's cached models are loaded) with the trade-off models and grid."""
+  c = config_dict.ConfigDict(get_config("").to_dict())  # an unlocked copy
+  t = TRADEOFF
+  c.mode = "tradeoff"
+  draft = c.models.ar_draft = config_dict.ConfigDict(c.models.ar.to_dict())
+  for key, value in t["draft_width"].items():
+    draft.model[key] = value
+  for schedule in t["train_schedules"]:
+    m = c.models[f"mdm_{schedule}"] = config_dict.ConfigDict(c.models.mdm.to_dict())
+    m.objective.options = {**m.objective.options.to_dict(), "schedule": schedule}
+    m.train.steps = t["train_schedule_steps"]
+  c.tradeoff = config_dict.ConfigDict(
+      {k: v for k, v in t.items() if k != "draft_width"})
+  c.eval.batch_sizes = (1,)
+  c.eval.timing_repeats = 3
+  c.eval.accelerated_ar_label = f"speculative ar k={max(t['draft_lengths'])}"
+  train_block = c.models.d2f.objective.options.block_size
+  c.methods = _tradeoff_methods(_gen_length(c.data), train_block, t)
+  c.eval.llada_vanilla_label = f"llada even s={_gen_length(c.data)}"
+  c.lock()
+  return c
+
+
+def _knob_cells(method, model, curve, base_options, knob, values, label):
+  """One cell per knob value on one curve (decoder x schedule)."""
+  return [{"method": method, "label": label.format(v=v), "model": model, "curve": curve,
+           "knob": knob, "options": {**base_options, knob: v}} for v in values]
+
+
+def _tradeoff_methods(g: int, train_block: int, t: dict):
+  """The trade-off grid: every cell carries its `curve` (decoder x schedule) and `knob` (the
+  option swept along the curve)."""
+  cells = [{"method": "ar", "label": "ar", "model": "ar", "curve": "ar", "knob": None,
+            "options": {}}]
+  cells += [{"method": "speculative", "label": f"speculative ar k={k}", "model": "ar",
+             "drafter": "ar_draft", "curve": "speculative ar", "knob": "draft_length",
+             "options": {"drafter": "ar", "draft_length": k}} for k in t["draft_lengths"]]
+  bounds = t["entropy_bounds"]
+  for name, method, model, k, extra, steps_key in (
+      ("llada", "llada", "mdm", g, {"block_length": g, "early_stop": False}, "steps"),
+      ("block diffusion", "block_diffusion", "d2f", train_block,
+       {"block_length": train_block}, "steps_per_block")):
+    steps = [k // d for d in t["steps_divisors"] if k % d == 0]
+    for schedule in ("even", "cosine"):
+      cells += _knob_cells(method, model, f"{name} {schedule}",
+                           {**extra, "unmasking": schedule}, steps_key, steps,
+                           f"{name} {schedule} s={{v}}")
+    cells += _knob_cells(method, model, f"{name} entropy_bound",
+                         {**extra, "unmasking": "entropy_bound"}, "entropy_bound", bounds,
+                         f"{name} entropy_bound={{v}}")
+  cells += _knob_cells("fast_dllm", "mdm", "fast-dllm threshold",
+                       {"block_length": g // 2, "cache": "prefix"}, "threshold",
+                       t["thresholds"], "fast-dllm tau={v}")
+  cells += _knob_cells("d2f", "d2f", "d2f threshold",
+                       {"block_length": train_block, "tau_add": 0.1, "tau_act": 0.95},
+                       "tau_conf", t["thresholds"], "d2f tau={v}")
+  for schedule in t["train_schedules"]:  # the training noise schedules, decoded alike
+    cells += _knob_cells("llada", f"mdm_{schedule}", f"mdm trained {schedule}",
+                         {"block_length": g, "early_stop": False, "unmasking": "even"},
+                         "steps", [g // d for d in t["steps_divisors"] if g % d == 0],
+                         f"mdm {schedule} s={{v}}")
+  return cells
 
 
 def _gen_length(data) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,7 +33,8 @@ from dllm_jax.training import config as config_lib
 from dllm_jax.training import data as data_lib
 from dllm_jax.training import trainer
 
-ORDER = ("ar", "mdm", "d2f")  # d2f distils from mdm, so mdm trains first
+ORDER = ("ar", "mdm", "d2f")  # d2f distils from mdm (and mdm may start from ar): these first
+TRAIN_RECORD = "study_train.json"  # <run dir>/: the wall time and final metrics of training
 DATA_DIR = "data"  # <workdir>/data: the study's TFDS array_record files
 # Keys that choose where the records come from, not which records: a cached model trained on
 # either source is the same model, since the TFDS files hold the generator's records exactly
@@ -43,6 +45,22 @@ TRAIN_RECORDS_CHECKED = 64  # train records compared with the generator (all eva
 
 def run_dir(workdir, name: str) -> Path:
   return Path(workdir) / "models" / name
+
+
+def training_order(study_config) -> list[str]:
+  """The study's model names in training order: ORDER's first (each starts from one before
+  it), then the mode's other models (the trade-off mode's drafter and schedule MDMs, which
+  start from scratch) in config order."""
+  names = list(study_config.models.keys())
+  return [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]
+
+
+def train_record(workdir, name: str) -> dict | None:
+  """{"seconds", "steps", "final"} of the call that finished training model `name` in this
+  workdir (its wall time, which for a resumed run counts only the resumed part, and its final
+  metrics), or None for a model trained before this was recorded."""
+  path = run_dir(workdir, name) / TRAIN_RECORD
+  return json.loads(path.read_text()) if path.exists() else None
 
 
 def study_data(study_config, workdir) -> config_dict.ConfigDict:
@@ -150,9 +168,7 @@ def ensure_models(study_config, workdir, *, log: Callable[[str], None] = print) 
   """
   check_records(study_data(study_config, workdir))
   models = {}
-  for name in ORDER:
-    if name not in study_config.models:
-      continue
+  for name in training_order(study_config):
     cfg = training_config(study_config, name, workdir)
     steps, path = int(cfg.train.steps), run_dir(workdir, name)
     if is_trained(workdir, name, steps):
@@ -167,7 +183,11 @@ def ensure_models(study_config, workdir, *, log: Callable[[str], None] = print) 
       log(f"[study] {name}: using the cached model in {path}")
     else:
       log(f"[study] {name}: training {steps} steps into {path}")
+      started = time.perf_counter()
       final = trainer.train(cfg, path)
+      record = {"seconds": time.perf_counter() - started, "steps": steps,
+                "final": {k: float(v) for k, v in final.items()}}
+      (path / TRAIN_RECORD).write_text(json.dumps(record, indent=1))
       log(f"[study] {name}: done, " + ", ".join(
           f"{k}={v:.4g}" for k, v in sorted(final.items()) if k.startswith("eval/")))
     models[name] = for_decoding(ckpt_lib.load_params(path, step=steps))

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from dllm_jax.data.sources import record_to_example
 from dllm_jax.decoding import api as decode_api
 from dllm_jax.study import accounting, models as models_lib, report, roofline, runner
+from dllm_jax.study import tradeoff as tradeoff_lib
 from dllm_jax.study import verdict as verdict_lib
 from dllm_jax.training import data as data_lib
 
@@ -73,6 +74,9 @@ def bind_cell(cell: dict, trained: dict, gen_length: int):
                      f"only, not {method!r}.")
   if cell.get("task_tags"):
     setting["task_tags"] = True
+  for key in ("curve", "knob"):  # the trade-off mode's curve and swept option
+    if key in cell:
+      setting[key] = cell[key]
   return _decoder(method, model.model_cfg, options), model.params, setting
 
 
@@ -125,7 +129,9 @@ def roofline_text(r: dict | None) -> str:
 
 
 MODE_FLAGS = {"--mixed": "configs/study.py:mixed", "--long": "configs/study.py:long",
-              "--full": "configs/study.py:full"}
+              "--full": "configs/study.py:full", "--tradeoff": "configs/study.py:tradeoff"}
+# Modes that share the default mode's workdir (they load its trained models).
+SHARES_DEFAULT_WORKDIR = ("tradeoff",)
 
 
 def expand_mode_flags(argv: list[str]) -> list[str]:
@@ -138,19 +144,21 @@ def expand_mode_flags(argv: list[str]) -> list[str]:
   explicit = [a for a in argv[1:] if a == "--config" or a.startswith("--config=")]
   if len(picked) > 1 or explicit:
     raise ValueError(f"pass one study mode: {' '.join(picked + explicit)} conflict "
-                     "(--mixed, --long and --full each stand for a --config).")
+                     "(--mixed, --long, --full and --tradeoff each stand for a --config).")
   return [argv[0]] + [f"--config={MODE_FLAGS[a]}" if a in MODE_FLAGS else a
                       for a in argv[1:]]
 
 
 def default_workdir(study_config) -> str:
-  """runs/study for the default mode, runs/study_<mode> for the others."""
+  """runs/study for the default mode and the modes that reuse its models (tradeoff),
+  runs/study_<mode> for the others."""
   mode = study_config.get("mode", "")
-  return f"runs/study_{mode}" if mode else "runs/study"
+  return f"runs/study_{mode}" if mode and mode not in SHARES_DEFAULT_WORKDIR else "runs/study"
 
 
-def run(study_config, workdir, *, log=print) -> dict:
-  """Trains or loads the models, decodes every cell, writes table/JSON/plot; returns the JSON."""
+def decode_all(study_config, workdir, *, log=print):
+  """Trains or loads the models and decodes every cell at every batch size; returns
+  (trained models, results, examples, layout, train_or_load seconds)."""
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   started = time.perf_counter()
@@ -176,11 +184,29 @@ def run(study_config, workdir, *, log=print) -> dict:
                                 prompt_len=layout.prompt_len, seed=int(study_config.eval.seed),
                                 repeats=repeats, on_batch=lambda: bar.update(1))
   bar.close()
+  return trained, results, examples, layout, train_s
+
+
+def judge(study_config, results, platform: str) -> dict:
+  """The verdict on every claim, from the measured cells (verdict.py)."""
+  return verdict_lib.judge(results, task=study_config.eval.headline_task,
+                           llada_label=study_config.eval.llada_vanilla_label,
+                           platform=platform,
+                           accelerated_ar_label=study_config.eval.get("accelerated_ar_label"))
+
+
+def run(study_config, workdir, *, log=print) -> dict:
+  """Trains or loads the models, decodes every cell, writes table/JSON/plot; returns the JSON.
+  The trade-off mode writes its own report (`run_tradeoff`)."""
+  if study_config.get("mode", "") == "tradeoff":
+    return run_tradeoff(study_config, workdir, log=log)
+  workdir = Path(workdir)
+  started = time.perf_counter()
+  trained, results, examples, layout, train_s = decode_all(study_config, workdir, log=log)
+  gen_length = layout.seq_len - layout.prompt_len
 
   machine = accounting.machine_info()
-  v = verdict_lib.judge(results, task=study_config.eval.headline_task,
-                        llada_label=study_config.eval.llada_vanilla_label,
-                        platform=machine["platform"])
+  v = judge(study_config, results, machine["platform"])
   bandwidth = roofline.memory_bandwidth(
       float(study_config.eval.get("memory_bandwidth_gbps", 0.0)))
   bound = ar_roofline(results, trained, bandwidth=bandwidth)
@@ -203,5 +229,38 @@ def run(study_config, workdir, *, log=print) -> dict:
                      baseline="ar", llada_label=study_config.eval.llada_vanilla_label)
   log(text)
   log(f"[study] wrote {workdir / 'study.md'}, study.json, study_pareto.png "
+      f"({doc['total_s']:.0f} s total, devices: {jax.devices()[0].device_kind})")
+  return doc
+
+
+def run_tradeoff(study_config, workdir, *, log=print) -> dict:
+  """The trade-off mode: decodes its grid, then writes tradeoff.md, tradeoff.json (every
+  cell, the training records, the curves' summary and the verdict, both recomputable from
+  the cells) and tradeoff.png (the curves); returns the JSON."""
+  workdir = Path(workdir)
+  started = time.perf_counter()
+  _, results, examples, layout, train_s = decode_all(study_config, workdir, log=log)
+  machine = accounting.machine_info()
+  config = json.loads(study_config.to_json())
+  training = {name: models_lib.train_record(workdir, name) for name in study_config.models}
+  summary = tradeoff_lib.summarize(results, config=config, training=training)
+  v = judge(study_config, results, machine["platform"])
+  doc = accounting.results_json(
+      results, machine=machine, config=config,
+      extra={"training": training, "tradeoff": summary, "verdict": v,
+             "gen_length": layout.seq_len - layout.prompt_len,
+             "prompt_len": layout.prompt_len, "num_prompts": len(examples),
+             "train_or_load_s": train_s, "total_s": time.perf_counter() - started})
+  accounting.validate_json(doc)
+  verdict_lib.check_recomputes(doc)
+  tradeoff_lib.check_recomputes(doc)
+  text = f"{tradeoff_lib.summary_text(summary)}\n\n{verdict_lib.verdict_text(v)}\n"
+  (workdir / "tradeoff.md").write_text(text)
+  (workdir / "tradeoff.json").write_text(json.dumps(doc, indent=1))
+  tradeoff_lib.plot(summary, str(workdir / "tradeoff.png"),
+                    title=f"{len(examples)} held-out prompts, G={doc['gen_length']}, batch "
+                          f"{summary['batch_size']}")
+  log(text)
+  log(f"[study] wrote {workdir / 'tradeoff.md'}, tradeoff.json, tradeoff.png "
       f"({doc['total_s']:.0f} s total, devices: {jax.devices()[0].device_kind})")
   return doc
