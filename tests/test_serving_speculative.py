@@ -5,7 +5,9 @@ rng=request_keys([seed]))` with the lane's drafter and options, cut before the r
 ids and at max_new_tokens; greedy lanes also equal AR greedy (`generate(method="ar")`) token
 for token. Drafters: the target's own weights read as a D2F (block-causal) drafter, which
 rejects most drafts, and as an AR drafter, which accepts whole blocks (greedy and sampled:
-q = p), so both rollback and the AR drafter's pending token run inside the engine.
+q = p), so both rollback and the AR drafter's pending token run inside the engine; and a
+narrower, shallower random AR drafter (the accelerated AR baseline's shape: its cache differs
+from the target's), which rejects most drafts.
 
 Compile budget: one engine shape per lane (3 slots < 12 requests, one step per run, buckets
 8 and 16, admit size 3: two admission programs and one run program); the one-prompt
@@ -21,6 +23,7 @@ import pytest
 from conftest import backend_compiles
 
 from dllm_jax.decoding import generate
+from dllm_jax.models import init_params
 from dllm_jax.serving import (BadOptionError, Engine, MaskInPromptError, PromptTooLongError,
                               Result, StreamUpdate, request_keys)
 from test_serving_engine import CFG, G, _alone, _serve, params, workload  # noqa: F401
@@ -32,14 +35,22 @@ LANES = {  # lane -> (drafter kind, sampling options)
     "ar_greedy": ("ar", {}),
     "ar_sampled": ("ar", dict(temperature=0.8)),
     "block_diffusion_greedy": ("block_diffusion", {}),
+    # The accelerated AR baseline: a narrower, shallower AR drafter with its own cache shape.
+    "ar_narrow_greedy": ("ar", {}),
 }
+NARROW = CFG.replace(d_model=CFG.d_model // 2, n_layers=1, n_heads=2, n_kv_heads=1,
+                     mlp_dim=CFG.mlp_dim // 2)
 SHAPE = dict(slots=3, max_steps_per_run=1, prompt_buckets=(8, 16), admit_sizes=(3,))
 
 
 def lane_options(params, lane):
   drafter, sampling = LANES[lane]
-  return dict(gen_length=G, drafter=drafter, draft_length=K, drafter_params=params,
-              drafter_cfg=CFG, **sampling)
+  d_params, d_cfg = params, CFG
+  if "narrow" in lane:
+    d_cfg = NARROW
+    d_params = init_params(NARROW, jax.random.key(7))
+  return dict(gen_length=G, drafter=drafter, draft_length=K, drafter_params=d_params,
+              drafter_cfg=d_cfg, **sampling)
 
 
 def alone(params, options, requests):
@@ -59,7 +70,8 @@ def alone(params, options, requests):
     "d2f_greedy", "d2f_sampled",
     pytest.param("ar_greedy", marks=pytest.mark.slow),
     pytest.param("ar_sampled", marks=pytest.mark.slow),
-    pytest.param("block_diffusion_greedy", marks=pytest.mark.slow)])
+    pytest.param("block_diffusion_greedy", marks=pytest.mark.slow),
+    pytest.param("ar_narrow_greedy", marks=pytest.mark.slow)])
 def test_outputs_equal_alone(params, lane):
   options = lane_options(params, lane)
   requests = workload(12, seed=21)
