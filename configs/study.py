@@ -170,12 +170,18 @@ def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
 
 
 # The trade-off mode's own models and grid (see the module docstring).
+# The accelerated AR baseline (default mode, and so the trade-off mode): speculative AR
+# decoding with `ar_draft`, a narrow AR drafter trained with the AR model's recipe (data,
+# steps, optimizer) at d 48, 2 layers, 2 heads (a sixth of its parameters); greedy, so its
+# output is the AR model's, token for token. Every "x AR" of the verdict is also given
+# against it.
+DRAFT_WIDTH = {"d_model": 48, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2, "mlp_dim": 192}
+ACCELERATED_AR_K = 4  # the accelerated AR cell's draft length
+ACCELERATED_AR_LABEL = f"speculative ar k={ACCELERATED_AR_K}"
+WITH_DRAFTER = ("",)  # modes that train ar_draft and time the accelerated AR
+
 TRADEOFF = {
-    # The accelerated AR baseline's drafter: the AR model's recipe (data, steps, optimizer)
-    # at a quarter of its width-by-depth compute per token: d 48, 2 layers, 2 heads.
-    "draft_width": {"d_model": 48, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2,
-                    "mlp_dim": 192},
-    "draft_lengths": (2, 4),
+    "draft_lengths": (2, ACCELERATED_AR_K),
     # MDMs trained with each alpha(t), same data, steps and seed: 800 steps each (not the
     # default MDM's 3000, so that the three fit the mode's 20-minute budget on 2 cores).
     "train_schedules": ("linear", "cosine", "polynomial"),
@@ -229,10 +235,16 @@ def get_config(mode: str = ""):
       m.model.d_model, m.model.n_layers, m.model.mlp_dim = 512, 8, 2048
       m.model.n_heads = m.model.n_kv_heads = 8
       m.model.max_seq_len = 128
+  c.eval = config_dict.ConfigDict()
+  c.eval.accelerated_ar_label = config_dict.placeholder(str)  # None: no accelerated AR
+  if mode in WITH_DRAFTER:
+    draft = c.models.ar_draft = config_dict.ConfigDict(c.models.ar.to_dict())
+    for key, value in DRAFT_WIDTH.items():
+      draft.model[key] = value
+    c.eval.accelerated_ar_label = ACCELERATED_AR_LABEL
   c.models.d2f.objective.options = {"block_size": train_block}
   c.models.d2f.decode.options = {"block_length": train_block}
 
-  c.eval = config_dict.ConfigDict()
   c.eval.num_prompts = {"": 160, "full": 512}.get(mode, 128)
   c.eval.batch_sizes = (1, 16) if not full else (1, 64)
   c.eval.seed = 0
@@ -245,6 +257,8 @@ def get_config(mode: str = ""):
   # decoded this many times in a row, its fastest wall time counting (study/runner.py).
   c.eval.timing_repeats = 5
   c.methods = _methods(mode, _gen_length(c.data), train_block, tasks)
+  if mode in WITH_DRAFTER:
+    c.methods.insert(1, _accelerated_ar(ACCELERATED_AR_K))
   c.lock()
   return c
 
@@ -255,23 +269,24 @@ def _tradeoff_config():
   c = config_dict.ConfigDict(get_config("").to_dict())  # an unlocked copy
   t = TRADEOFF
   c.mode = "tradeoff"
-  draft = c.models.ar_draft = config_dict.ConfigDict(c.models.ar.to_dict())
-  for key, value in t["draft_width"].items():
-    draft.model[key] = value
   for schedule in t["train_schedules"]:
     m = c.models[f"mdm_{schedule}"] = config_dict.ConfigDict(c.models.mdm.to_dict())
     m.objective.options = {**m.objective.options.to_dict(), "schedule": schedule}
     m.train.steps = t["train_schedule_steps"]
-  c.tradeoff = config_dict.ConfigDict(
-      {k: v for k, v in t.items() if k != "draft_width"})
+  c.tradeoff = config_dict.ConfigDict(t)
   c.eval.batch_sizes = (1,)
   c.eval.timing_repeats = 3
-  c.eval.accelerated_ar_label = f"speculative ar k={max(t['draft_lengths'])}"
   train_block = c.models.d2f.objective.options.block_size
   c.methods = _tradeoff_methods(_gen_length(c.data), train_block, t)
   c.eval.llada_vanilla_label = f"llada even s={_gen_length(c.data)}"
   c.lock()
   return c
+
+
+def _accelerated_ar(k: int, **extra):
+  """Speculative AR: the AR model verifies drafts of k tokens from the narrow AR drafter."""
+  return {"method": "speculative", "label": f"speculative ar k={k}", "model": "ar",
+          "drafter": "ar_draft", "options": {"drafter": "ar", "draft_length": k}, **extra}
 
 
 def _knob_cells(method, model, curve, base_options, knob, values, label):
@@ -285,9 +300,8 @@ def _tradeoff_methods(g: int, train_block: int, t: dict):
   option swept along the curve)."""
   cells = [{"method": "ar", "label": "ar", "model": "ar", "curve": "ar", "knob": None,
             "options": {}}]
-  cells += [{"method": "speculative", "label": f"speculative ar k={k}", "model": "ar",
-             "drafter": "ar_draft", "curve": "speculative ar", "knob": "draft_length",
-             "options": {"drafter": "ar", "draft_length": k}} for k in t["draft_lengths"]]
+  cells += [_accelerated_ar(k, curve="speculative ar", knob="draft_length")
+            for k in t["draft_lengths"]]
   bounds = t["entropy_bounds"]
   for name, method, model, k, extra, steps_key in (
       ("llada", "llada", "mdm", g, {"block_length": g, "early_stop": False}, "steps"),

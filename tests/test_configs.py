@@ -114,7 +114,7 @@ def test_command_line_typo_is_an_error(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-STUDY_MODES = ["", "mixed", "long", "full"]
+STUDY_MODES = ["", "mixed", "long", "full", "tradeoff"]
 
 
 @pytest.mark.parametrize("mode", STUDY_MODES)
@@ -184,7 +184,8 @@ def test_study_mode_flags_and_default_workdirs(tmp_path):
       expand(argv)
   module = load_module(STUDY_CONFIG)
   assert [study_lib.default_workdir(module.get_config(m)) for m in STUDY_MODES] == [
-      "runs/study", "runs/study_mixed", "runs/study_long", "runs/study_full"]
+      "runs/study", "runs/study_mixed", "runs/study_long", "runs/study_full",
+      "runs/study"]  # the trade-off mode loads the default mode's models
   assert expand(["s", "--mixed"]) == ["s", "--config=configs/study.py:mixed"]
   # The script itself: flags parse (the run then stops at a workdir that cannot be made).
   (tmp_path / "file").write_text("")
@@ -237,7 +238,7 @@ def test_every_study_cell_traces_at_its_mode_shapes(mode, tmp_path):
   module = load_module(STUDY_CONFIG)
   study = module.get_config(mode)
   cfgs = {name: config_lib.model_config(models_lib.training_config(study, name, tmp_path))
-          for name in models_lib.ORDER}
+          for name in models_lib.training_order(study)}
   tok = data_lib.make_tokenizer(study.data)
   layout = data_lib.make_layout(study.data, tok)
   gen_length = layout.seq_len - layout.prompt_len
@@ -247,7 +248,8 @@ def test_every_study_cell_traces_at_its_mode_shapes(mode, tmp_path):
   labels = [c["label"] for c in study.methods]
   assert len(labels) == len(set(labels))
   assert {c["method"] for c in study.methods} >= {"ar", "llada", "fast_dllm", "d2f",
-                                                  "block_diffusion", "speculative", "adaptive"}
+                                                  "block_diffusion", "speculative"} | (
+      set() if mode == "tradeoff" else {"adaptive"})
   task = study.data.tasks.split(":")[0]
   for cell in study.methods:
     def decode(p, cell=dict(cell)):

@@ -174,8 +174,7 @@ def _micro_config():
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = config_dict.ConfigDict(module.get_config().to_dict())
-  for name in ("ar", "mdm", "d2f"):
-    m = c.models[name]
+  for name, m in c.models.items():
     m.train.steps, m.train.batch_size, m.train.log_every = 3, 8, 1
     m.opt.warmup_steps = 1
     m.model.d_model, m.model.n_layers, m.model.mlp_dim = 32, 1, 64
@@ -184,7 +183,8 @@ def _micro_config():
   c.eval.num_prompts = 3
   c.eval.batch_sizes = (1, 2)
   keep = {"ar", "llada steps=G", "llada steps=G/2", "fast-dllm tau=0.9 dual",
-          "d2f k=4 tau=0.9", "block diffusion k=4", "speculative d2f k=4", "adaptive k=4"}
+          "d2f k=4 tau=0.9", "block diffusion k=4", "speculative d2f k=4", "adaptive k=4",
+          "speculative ar k=4"}
   c.methods = [m for m in c.methods if m["label"] in keep]
   return c
 
@@ -197,7 +197,7 @@ def test_micro_study_end_to_end(tmp_path, monkeypatch):
   accounting.validate_json(doc)
   for f in ("study.md", "study.json", "study_pareto.png"):
     assert (tmp_path / f).stat().st_size > 0
-  assert len(doc["results"]) == 8 * 2
+  assert len(doc["results"]) == 9 * 2
   g = doc["gen_length"]
   for row in doc["results"]:
     assert row["num_prompts"] == 3
@@ -222,6 +222,14 @@ def test_micro_study_end_to_end(tmp_path, monkeypatch):
   stored = json.loads((tmp_path / "study.json").read_text())
   assert verdict.recompute(stored) == stored["verdict"]
   assert [c["id"] for c in stored["verdict"]["claims"]] == [c.id for c in verdict.CLAIMS]
+  # The accelerated AR (speculative AR, narrow AR drafter) writes AR's greedy answers, and
+  # every claim against AR also carries its figures against it.
+  spec_ar, ar = by[("speculative ar k=4", 1)], by[("ar", 1)]
+  assert (spec_ar["num_correct"], spec_ar["response_tokens"]) == (ar["num_correct"],
+                                                                  ar["response_tokens"])
+  d2f_claim = next(c for c in stored["verdict"]["claims"] if c["id"] == "d2f_vs_ar")
+  assert d2f_claim["cells"] and all(
+      c["vs_accelerated_ar"]["baseline"] == "speculative ar k=4" for c in d2f_claim["cells"])
   # Second run loads the cached models instead of training.
   logs = []
   study.run(_micro_config(), "study", log=logs.append)
