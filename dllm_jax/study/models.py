@@ -106,12 +106,19 @@ def init_source(study_config, name: str) -> str | None:
   """The study model whose trained params model `name` starts from: the D2F student from the
   MDM; the MDM from the AR model when `mdm_from_ar` (AR-to-diffusion adaptation, as Dream
   from Qwen2.5: the same network and vocabulary, so every leaf carries over; the [MASK]
-  embedding row, which AR training never feeds, starts where AR training left it)."""
+  embedding row, which AR training never feeds, starts where AR training left it); the
+  trade-off mode's schedule MDMs start as the MDM does."""
   if name == "d2f":
     return "mdm"
-  if name == "mdm" and study_config.get("mdm_from_ar", False):
+  if is_mdm(name) and study_config.get("mdm_from_ar", False):
     return "ar"
   return None
+
+
+def is_mdm(name: str) -> bool:
+  """The study's MDM ("mdm") and the trade-off mode's schedule MDMs ("mdm_<schedule>"): the
+  MDMs start alike (from the AR model when `mdm_from_ar`), so only alpha(t) tells them apart."""
+  return name == "mdm" or name.startswith("mdm_")
 
 
 def training_config(study_config, name: str, workdir) -> config_dict.ConfigDict:

@@ -21,7 +21,8 @@ measured cells alone this module computes, per curve:
 and, per decoder family (LLaDA, block diffusion) and over both, the most accurate cell within
 each forward budget (forwards per prompt <= budget): which schedule wins at that budget.
 The training-schedule rows put each MDM's training wall time and masked-token eval accuracy
-(from its training run) beside its decode accuracy at every step count.
+(from its training run; measured at that schedule's own masking rate, so it does not compare
+across schedules) beside its decode accuracy at every step count, which does.
 
 `summarize` reads only the stored cells, the config and the training records, so
 `check_recomputes(doc)` can rebuild the stored summary exactly from tradeoff.json.
@@ -136,6 +137,7 @@ def summarize(results: Sequence[MethodResult], *, config: dict, training: dict) 
         "schedule": schedule, "model": name, "train_seconds": record.get("seconds"),
         "train_steps": record.get("steps"),
         "masked_token_accuracy": final.get("eval/accuracy"),
+        "masked_fraction": final.get("eval/masked_frac"),
         "accuracy_by_steps": {} if curve is None else {
             str(p["knob_value"]): p["accuracy"] for p in curve["points"]},
         "aup": None if curve is None else curve["aup"]})
@@ -163,6 +165,10 @@ def check_recomputes(doc: dict) -> None:
 
 def _f(x, spec: str) -> str:
   return "n/a" if x is None else format(x, spec)
+
+
+def _pct(x):
+  return None if x is None else 100 * x
 
 
 def summary_text(s: dict) -> str:
@@ -205,16 +211,19 @@ def summary_text(s: dict) -> str:
   steps = [str(v) for v in sorted({int(k) for t in s["training_schedules"]
                                    for k in t["accuracy_by_steps"]}, reverse=True)]
   lines += ["", "Training noise schedules (same data, steps and seed; LLaDA decoding, even "
-            "split):", "", "| alpha(t) | train steps | train s | masked-token eval | "
+            "split). The masked-token eval accuracy is at each schedule's own masking rate "
+            "(its masked fraction beside it), so only the decode columns compare across "
+            "schedules:", "", "| alpha(t) | train steps | train s | masked-token eval "
+            "(masked fraction) | "
             + " | ".join(f"s={k}" for k in steps) + " | AUP |",
             "|" + "---|" * (5 + len(steps))]
   for t in s["training_schedules"]:
-    acc = [_f(None if t["accuracy_by_steps"].get(k) is None else
-              100 * t["accuracy_by_steps"][k], ".1f") for k in steps]
+    acc = [_f(_pct(t["accuracy_by_steps"].get(k)), ".1f") for k in steps]
     lines.append(f"| {t['schedule']} | {_f(t['train_steps'], 'd')} | "
                  f"{_f(t['train_seconds'], '.0f')} | "
-                 f"{_f(None if t['masked_token_accuracy'] is None else 100 * t['masked_token_accuracy'], '.1f')}"
-                 f" | " + " | ".join(acc) + f" | {_f(t['aup'], '.1f')} |")
+                 f"{_f(_pct(t['masked_token_accuracy']), '.1f')} "
+                 f"({_f(t['masked_fraction'], '.2f')}) | " + " | ".join(acc)
+                 + f" | {_f(t['aup'], '.1f')} |")
   return "\n".join(lines)
 
 
