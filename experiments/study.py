@@ -5,11 +5,13 @@ held-out prompts with every decoder, and write a table, a JSON file and a Pareto
   python experiments/study.py --mixed         # mixed tasks, long worked answers (:mixed)
   python experiments/study.py --long          # long answers (configs/study.py:long)
   python experiments/study.py --full          # the larger accelerator mode
+  python experiments/study.py --tradeoff      # trade-off curves from the default's models
   python experiments/study.py --long --config.eval.num_prompts=64
   python experiments/study.py --mixed --config.mdm_from_ar=False  # its MDM from scratch
 
-`--mixed`, `--long` and `--full` stand for `--config configs/study.py:mixed`, `:long` and
-`:full`. The workdir defaults to runs/study, or runs/study_<mode>; rerunning reuses the
+`--mixed`, `--long`, `--full` and `--tradeoff` stand for `--config configs/study.py:mixed`,
+`:long`, `:full` and `:tradeoff`. The workdir defaults to runs/study (the default and the
+trade-off mode, which loads the default's models), or runs/study_<mode>; rerunning reuses the
 trained models cached there (as orbax checkpoints) and the TFDS data files under
 <workdir>/data. The printed and stored verdict (dllm_jax/study/verdict.py) names every claim.
 """
