@@ -259,7 +259,12 @@ def ci_installs_a_superset(command: str, ws: Workspace) -> None:
 
 
 def study(command: str, ws: Workspace) -> None:
-  out = run_shell(shlex.join(shlex.split(command) + STUDY_OVERRIDES +
+  # The default mode also trains the accelerated AR baseline's drafter: shrink it alike.
+  drafter = ([] if re.search(r"--(long|full|mixed)\b", command) else
+             [f"--config.models.ar_draft.{k}={v}" for k, v in
+              {**TINY_MODEL, "train.steps": 2, "train.batch_size": 8, "train.log_every": 1,
+               "opt.warmup_steps": 1}.items()])
+  out = run_shell(shlex.join(shlex.split(command) + STUDY_OVERRIDES + drafter +
                              [f"--workdir={ws.root / 'study'}"]))
   for f in ("study.md", "study.json", "study_pareto.png"):
     assert (ws.root / "study" / f).stat().st_size > 0, f

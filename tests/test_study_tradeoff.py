@@ -118,6 +118,8 @@ def test_summary_points_ratios_and_curves():
   assert best[4]["curve"] == "llada cosine" and best[4]["schedule"] == "cosine"
   assert best[2]["label"] == "block diffusion even s=1" and best[1] is None
   assert best[16]["label"] == "llada even s=16"  # ties: fewer forwards, then listed first
+  assert best[16]["tied"] == ["llada even", "llada cosine"]  # both reach 10/10 within 16
+  assert best[4]["tied"] == ["llada cosine"]
   llada = {b["budget"]: b["best"] for b in s["best_by_budget"]["llada"]}
   assert llada[2] is None
   # Training schedules: the record beside the decode accuracy at each step count.
@@ -130,6 +132,7 @@ def test_summary_points_ratios_and_curves():
   assert "| llada cosine | llada cosine s=4 | 90.0% | 4.00 | 0.75 | 30.0 | 1.00x | 0.50x |" \
       in text
   assert "cosine: llada cosine s=4, 90.0%" in text
+  assert "even = cosine: llada even s=16, 100.0%" in text
 
 
 def test_summary_recomputes_from_the_stored_cells():

@@ -84,18 +84,23 @@ def _point(r: MethodResult, ar: MethodResult | None, fast_ar: MethodResult | Non
 
 def best_by_budget(curves: Sequence[dict], budgets: Sequence[float]) -> list[dict]:
   """For each budget, the most accurate point of `curves` using at most that many forwards
-  per prompt (ties: fewer forwards, then the curve listed first), or None where none fits."""
+  per prompt (ties: fewer forwards, then the curve listed first), or None where none fits;
+  `tied` names every curve with a point as accurate within the budget (the schedules that
+  do equally well there), the best's first."""
   out = []
   for budget in budgets:
     fits = [(c["curve"], p) for c in curves for p in c["points"]
             if p["nfe_per_prompt"] <= budget + 1e-9]
     best = max(fits, key=lambda cp: (cp[1]["num_correct"], -cp[1]["nfe_per_prompt"]),
                default=None)
+    tied = [] if best is None else list(dict.fromkeys(
+        [best[0]] + [curve for curve, p in fits
+                     if p["num_correct"] == best[1]["num_correct"]]))
     out.append({"budget": budget,
                 "best": None if best is None else {
                     "curve": best[0], "schedule": split_curve(best[0])[1],
                     "label": best[1]["label"], "accuracy": best[1]["accuracy"],
-                    "nfe_per_prompt": best[1]["nfe_per_prompt"]}})
+                    "nfe_per_prompt": best[1]["nfe_per_prompt"], "tied": tied}})
   return out
 
 
@@ -205,8 +210,9 @@ def summary_text(s: dict) -> str:
     row = []
     for family in families:
       b = s["best_by_budget"][family][i]["best"]
+      names = [split_curve(c)[1] or c for c in b["tied"]] if b else []
       row.append("none" if b is None else
-                 f"{b['schedule'] or b['curve']}: {b['label']}, {100 * b['accuracy']:.1f}%")
+                 f"{' = '.join(names)}: {b['label']}, {100 * b['accuracy']:.1f}%")
     lines.append(f"| <= {budget} | " + " | ".join(row) + " |")
   steps = [str(v) for v in sorted({int(k) for t in s["training_schedules"]
                                    for k in t["accuracy_by_steps"]}, reverse=True)]
