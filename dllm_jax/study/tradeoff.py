@@ -210,7 +210,9 @@ def summary_text(s: dict) -> str:
     row = []
     for family in families:
       b = s["best_by_budget"][family][i]["best"]
-      names = [split_curve(c)[1] or c for c in b["tied"]] if b else []
+      # Within a family its schedule names the curve; across families ("all") the curve.
+      names = ([] if b is None else b["tied"] if family == "all" else
+               [split_curve(c)[1] or c for c in b["tied"]])
       row.append("none" if b is None else
                  f"{' = '.join(names)}: {b['label']}, {100 * b['accuracy']:.1f}%")
     lines.append(f"| <= {budget} | " + " | ".join(row) + " |")
@@ -241,7 +243,7 @@ def plot(s: dict, path: str, *, title: str = "") -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, axes = plt.subplots(1, 3, figsize=(19.0, 5.6))
+  fig, axes = plt.subplots(1, 3, figsize=(19.0, 7.4))
   ar, fast_ar = s["reference"]["ar"], s["reference"]["accelerated_ar"]
   decoders = [c for c in s["curves"] if c["curve"] not in ("ar", "speculative ar")
               and not c["curve"].startswith("mdm trained")]
@@ -267,7 +269,9 @@ def plot(s: dict, path: str, *, title: str = "") -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel("accuracy (%)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=6.5, loc="lower right" if x == "nfe_per_prompt" else "lower left")
+    # Below the panel: the curves crowd wherever the accuracies are, so no corner is free.
+    ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2,
+              frameon=False)
   axes[0].set_title("steps x unmasking schedule: accuracy vs forwards", fontsize=10)
   axes[1].set_title("... and vs tokens/s (this machine)", fontsize=10)
   axes[2].set_title("training noise schedule alpha(t) (LLaDA, even split)", fontsize=10)
