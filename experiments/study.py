@@ -21,6 +21,7 @@ import sys
 from absl import app, flags
 
 from dllm_jax.study import study
+from dllm_jax.training.checkpoint import CheckpointError
 
 import _config_args  # experiments/_config_args.py: --config found from any directory
 
@@ -38,7 +39,10 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where models and reports go (de
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  study.run(_CONFIG.value, _WORKDIR.value or study.default_workdir(_CONFIG.value))
+  try:
+    study.run(_CONFIG.value, _WORKDIR.value or study.default_workdir(_CONFIG.value))
+  except CheckpointError as e:  # a cached model of another config: what differs, and the fix
+    sys.exit(f"experiments/study.py: {e}")
 
 
 if __name__ == "__main__":
