@@ -44,8 +44,10 @@ def test_every_study_mode_reads_tfds_under_its_workdir(tmp_path):
   spec.loader.exec_module(module)
   for mode in module.MODES:
     c = module.get_config(mode)
-    assert c.data.source == "tfds" and c.mdm_from_ar is (mode in module.FROM_AR)
-    for name in models_lib.ORDER:
+    # The trade-off mode is the default mode's models plus its own: it adapts alike.
+    from_ar = mode in module.FROM_AR or (mode == "tradeoff" and "" in module.FROM_AR)
+    assert c.data.source == "tfds" and c.mdm_from_ar is from_ar, mode
+    for name in models_lib.training_order(c):
       cfg = models_lib.training_config(c, name, tmp_path)
       assert cfg.data.data_dir == str(tmp_path / "data"), (mode, name)
 
@@ -105,7 +107,8 @@ def test_cache_check_accepts_either_source_but_not_other_records_or_init(tmp_pat
     other.data.seed = 1
   assert models_lib.cache_mismatch(tmp_path, "ar", other) == ["data.seed: 0 -> 1"]
 
-  _save_run_config(tmp_path, "mdm", models_lib.training_config(c, "mdm", tmp_path))
+  scratch = models_lib.training_config(study_config(mdm_from_ar=False), "mdm", tmp_path)
+  _save_run_config(tmp_path, "mdm", scratch)
   from_ar = models_lib.training_config(study_config(mdm_from_ar=True), "mdm", tmp_path)
   assert from_ar.train.init_from == str(tmp_path / "models" / "ar")
   assert models_lib.cache_mismatch(tmp_path, "mdm", from_ar) == [
