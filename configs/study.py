@@ -284,9 +284,9 @@ def _tradeoff_config():
   c.tradeoff = config_dict.ConfigDict(t)
   c.eval.batch_sizes = (1,)
   c.eval.timing_repeats = 3
-  train_block = c.models.d2f.objective.options.block_size
-  c.methods = _tradeoff_methods(_gen_length(c.data), train_block, t)
-  c.eval.llada_vanilla_label = f"llada even s={_gen_length(c.data)}"
+  g = _gen_length(c.data)
+  c.methods = _tradeoff_methods(g, c.models.d2f.objective.options.block_size, t)
+  c.eval.llada_vanilla_label = f"llada even s={g}"
   c.lock()
   return c
 
@@ -295,6 +295,11 @@ def _accelerated_ar(k: int, **extra):
   """Speculative AR: the AR model verifies drafts of k tokens from the narrow AR drafter."""
   return {"method": "speculative", "label": f"speculative ar k={k}", "model": "ar",
           "drafter": "ar_draft", "options": {"drafter": "ar", "draft_length": k}, **extra}
+
+
+def _step_counts(k: int, divisors) -> list[int]:
+  """Steps per block k / d for each d that divides k (a step commits at least one slot)."""
+  return [k // d for d in divisors if k % d == 0]
 
 
 def _knob_cells(method, model, curve, base_options, knob, values, label):
@@ -315,7 +320,7 @@ def _tradeoff_methods(g: int, train_block: int, t: dict):
       ("llada", "llada", "mdm", g, {"block_length": g, "early_stop": False}, "steps"),
       ("block diffusion", "block_diffusion", "d2f", train_block,
        {"block_length": train_block}, "steps_per_block")):
-    steps = [k // d for d in t["steps_divisors"] if k % d == 0]
+    steps = _step_counts(k, t["steps_divisors"])
     for schedule in ("even", "cosine"):
       cells += _knob_cells(method, model, f"{name} {schedule}",
                            {**extra, "unmasking": schedule}, steps_key, steps,
@@ -332,7 +337,7 @@ def _tradeoff_methods(g: int, train_block: int, t: dict):
   for schedule in t["train_schedules"]:  # the training noise schedules, decoded alike
     cells += _knob_cells("llada", f"mdm_{schedule}", f"mdm trained {schedule}",
                          {"block_length": g, "early_stop": False, "unmasking": "even"},
-                         "steps", [g // d for d in t["steps_divisors"] if g % d == 0],
+                         "steps", _step_counts(g, t["steps_divisors"]),
                          f"mdm {schedule} s={{v}}")
   return cells
 

@@ -21,7 +21,7 @@ Substitutions (applied to every command and python block, in order):
   * a command ending in `...` takes the arguments of the command before it in the same block
     that it does not set itself (the README's "and the rest as above");
   * the study and training commands get `--config.*` overrides that shrink the models, steps and
-    prompt set (STUDY_OVERRIDES, TRAIN_OVERRIDES): the command line, config loading, training,
+    prompt set (`study_overrides`, TRAIN_OVERRIDES): the command line, config loading, training,
     decoding and reporting all run, in seconds instead of minutes.
 """
 
@@ -136,13 +136,28 @@ CHECKPOINTS: dict[str, Callable[[Path], object]] = {
 LENGTHS = [(r"--gen_length(=|\s+)256\b", r"--gen_length\g<1>64"),
            (r"\bsteps=256\b", "steps=64")]
 TINY_MODEL = {"model.d_model": 32, "model.n_layers": 1, "model.mlp_dim": 64}
-STUDY_OVERRIDES = (
-    [f"--config.models.{m}.{k}={v}" for m in ("ar", "mdm", "d2f") for k, v in
-     {**TINY_MODEL, "train.steps": 2, "train.batch_size": 8, "train.log_every": 1,
-      "opt.warmup_steps": 1}.items()] +
-    ["--config.data.train_size=64", "--config.data.eval_size=16",
-     "--config.eval.num_prompts=2", "--config.eval.batch_sizes=(1,)",
-     "--config.eval.timing_repeats=1"])
+TINY_RUN = {**TINY_MODEL, "train.steps": 2, "train.batch_size": 8, "train.log_every": 1,
+            "opt.warmup_steps": 1}
+STUDY_OVERRIDES = ["--config.data.train_size=64", "--config.data.eval_size=16",
+                   "--config.eval.num_prompts=2", "--config.eval.batch_sizes=(1,)",
+                   "--config.eval.timing_repeats=1"]
+
+
+def study_overrides(command: str) -> list[str]:
+  """STUDY_OVERRIDES plus TINY_RUN for every model the command's study mode trains (read
+  from configs/study.py, so a mode that gains a model is shrunk with it)."""
+  from dllm_jax.study import study as study_lib
+  argv = study_lib.expand_mode_flags(shlex.split(command))
+  mode = next((a.split(":", 1)[1] for a in argv if a.startswith("--config=") and ":" in a), "")
+  spec = importlib.util.spec_from_file_location("readme_study_cfg",
+                                                REPO / "configs" / "study.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  models = module.get_config(mode).models.keys()
+  return ([f"--config.models.{m}.{k}={v}" for m in models for k, v in TINY_RUN.items()] +
+          STUDY_OVERRIDES)
+
+
 TRAIN_OVERRIDES = ([f"--config.{k}={v}" for k, v in TINY_MODEL.items()] +
                    ["--config.train.steps=2", "--config.train.batch_size=8",
                     "--config.train.log_every=1", "--config.train.eval_every=0",
@@ -259,12 +274,7 @@ def ci_installs_a_superset(command: str, ws: Workspace) -> None:
 
 
 def study(command: str, ws: Workspace) -> None:
-  # The default mode also trains the accelerated AR baseline's drafter: shrink it alike.
-  drafter = ([] if re.search(r"--(long|full|mixed)\b", command) else
-             [f"--config.models.ar_draft.{k}={v}" for k, v in
-              {**TINY_MODEL, "train.steps": 2, "train.batch_size": 8, "train.log_every": 1,
-               "opt.warmup_steps": 1}.items()])
-  out = run_shell(shlex.join(shlex.split(command) + STUDY_OVERRIDES + drafter +
+  out = run_shell(shlex.join(shlex.split(command) + study_overrides(command) +
                              [f"--workdir={ws.root / 'study'}"]))
   for f in ("study.md", "study.json", "study_pareto.png"):
     assert (ws.root / "study" / f).stat().st_size > 0, f
@@ -317,7 +327,7 @@ COMMAND_RULES: list[Rule] = [
     Rule(r"pip install -e \.", ".ci/run installs it, with the test extra",
          ci_installs_a_superset),
     Rule(r"python experiments/study\.py( --long| --full)?",
-         "run with STUDY_OVERRIDES (tiny models, 2 prompts)", study),
+         "run with study_overrides (tiny models, 2 prompts)", study),
     Rule(r"python experiments/train\.py --config \S+ --workdir \S+( --config\.\S+)*",
          "run with TRAIN_OVERRIDES (2 steps of a tiny model)", train),
     Rule(r"python experiments/serve_bench\.py",

@@ -49,8 +49,8 @@ def run_dir(workdir, name: str) -> Path:
 
 def training_order(study_config) -> list[str]:
   """The study's model names in training order: ORDER's first (each starts from one before
-  it), then the mode's other models (the trade-off mode's drafter and schedule MDMs, which
-  start from scratch) in config order."""
+  it), then the mode's other models in config order (the narrow AR drafter, from scratch;
+  the trade-off mode's schedule MDMs, which start as the MDM does: `init_source`)."""
   names = list(study_config.models.keys())
   return [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]
 
