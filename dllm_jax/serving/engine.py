@@ -10,8 +10,8 @@ p an admission's prompt bucket, G gen_length.
     for event in engine.serve():          # StreamUpdate / Result events until idle
       ...
 
-Each method (a *lane*, with one option set) owns B slots: one batched decoder state with
-static shapes (every cursor per row; `rows.py`). `step()` runs every lane once:
+Each method (a *lane*, with one option set: `lanes.py`) owns B slots: one batched decoder
+state with static shapes (every cursor per row; `rows.py`). `step()` runs every lane once:
 
   1. admit: waiting requests (FIFO) fill free slots. Their prompts go through the method's
      batched init at a static admit size A (rows beyond the requests are dropped) and
@@ -39,255 +39,24 @@ jitted functions; slots must divide evenly); rows never interact, so outputs are
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import dataclasses
-import functools
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from dllm_jax.decoding import api, base
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.parallel import mesh as mesh_lib
+from dllm_jax.serving import lanes as lanes_lib
 from dllm_jax.serving import metrics as metrics_lib
 from dllm_jax.serving import rows
 from dllm_jax.serving import speculative_rows  # noqa: F401  (registers "speculative")
 from dllm_jax.serving.requests import (
-    BadOptionError, CancelledError, InvalidPromptError, MaskInPromptError, NonFiniteRowError,
-    PromptTooLongError, Request, RequestError, Result, StreamUpdate, UnknownMethodError,
-    check_seed, check_stop_ids)
-
-_STATIC = ("decoder", "cfg", "static", "mesh", "rules")
-
-
-def _constrain(decoder, state, mesh, rules):
-  """Pins every per-row leaf's row axis to the mesh's data axes (others unconstrained)."""
-  if mesh is None:
-    return state
-  batch = nn.logical_to_mesh_axes(("batch",), rules)[0]
-  free = PartitionSpec.UNCONSTRAINED
-
-  def pin(axis, x):
-    if axis is None:
-      return x
-    spec = PartitionSpec(*([free] * axis), batch, *([free] * (x.ndim - axis - 1)))
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
-  return jax.tree_util.tree_map(pin, decoder.row_axes(state), state,
-                                is_leaf=lambda x: x is None)
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC + ("prompt_len",),
-                   donate_argnames=("state",))
-def _admit(params, state, traced, tokens, valid, seeds, slots, *, decoder, cfg, static,
-           prompt_len, mesh, rules):
-  """Inits A rows (tokens [A, p]) with their requests' keys and scatters them into `slots`."""
-  new = decoder.init(params, cfg, static, traced, tokens, valid, rows.request_keys(seeds))
-  new = decoder.pad(cfg, static, new, prompt_len)
-  return _constrain(decoder, rows.scatter_rows(decoder, state, new, slots), mesh, rules)
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=("state",))
-def _run(params, state, retire, limit, occupied, max_steps, min_finished, *, decoder, cfg,
-         static, mesh, rules):
-  """Retires rows, then steps until `min_finished` occupied rows have finished (or all of
-  them) or after max_steps steps.
-
-  Returns (state, [] steps run, the decoder's progress view)."""
-  state = state.replace(done=state.done | retire)
-
-  def finished(s):
-    _, prefix, done, finite, _ = decoder.progress(static, s)
-    return done | (prefix >= limit) | ~finite
-
-  def more(carry):
-    i, s = carry
-    done = jnp.sum(finished(s) & occupied)
-    return (i < max_steps) & (done < jnp.minimum(min_finished, jnp.sum(occupied)))
-
-  def body(carry):
-    i, s = carry
-    s = decoder.step(params, cfg, static, s, mesh, rules)
-    return i + 1, _constrain(decoder, s, mesh, rules)
-
-  steps, state = jax.lax.while_loop(more, body, (jnp.zeros((), jnp.int32), state))
-  return state, steps, decoder.progress(static, state)
-
-
-@dataclasses.dataclass
-class _Live:
-  """Host record of an occupied slot."""
-  request: Request
-  admitted: float
-  streamed: int = 0
-  first_token: float | None = None
-  tokens: tuple[int, ...] = ()
-
-
-class _Lane:
-  """One method with one option set: its slots, queue and device state."""
-
-  def __init__(self, engine: Engine, method: str, options: dict):
-    self.engine, self.method = engine, method
-    self.decoder = rows.decoder_for(method)
-    cfg = engine.cfg
-    self.options = dict(options)
-    self.opts = self.decoder.make_options(cfg, self.options)
-    self.static, self.traced = self.decoder.split(self.opts)
-    self.gen_length = self.decoder.gen_length(self.static)
-    self.decoder.check_window(cfg, self.static, engine.prompt_buckets[-1])
-    self.mask_id = self.decoder.mask_id(cfg, self.static)
-    self.params = self.decoder.lane_params(engine.params, cfg, self.static, self.options,
-                                           engine.mesh, engine.rules)
-    self.stop_ids = frozenset(base.stop_ids(cfg))
-    self.queue: collections.deque[Request] = collections.deque()
-    self.slots: list[_Live | None] = [None] * engine.num_slots
-    self.retire = np.zeros(engine.num_slots, bool)
-    self.steps = 0
-    self.occupied_steps = 0
-    self.state = self._empty_state()
-
-  # ------------------------------------------------------------------ device calls
-  def _kw(self):
-    e = self.engine
-    return dict(decoder=self.decoder, cfg=e.cfg, static=self.static, mesh=e.mesh,
-                rules=e.rules)
-
-  def _empty_state(self):
-    e = self.engine
-    b, p = e.num_slots, e.prompt_buckets[-1]
-    shapes = jax.eval_shape(
-        lambda: self.decoder.init(self.params, e.cfg, self.static, self.traced,
-                                  jnp.zeros((b, p), jnp.int32), jnp.ones((b, p), bool),
-                                  rows.request_keys(np.zeros(b, np.uint32))))
-    state = rows.empty_like(shapes, self.decoder, self.traced)
-    if e.mesh is not None:
-      with e.context():
-        state = jax.jit(functools.partial(_constrain, self.decoder, mesh=e.mesh,
-                                          rules=e.rules))(state)
-    return state
-
-  def admit_batch(self, requests: Sequence[Request], slots: Sequence[int]) -> None:
-    e = self.engine
-    a = next(s for s in e.admit_sizes if s >= len(requests))
-    p = next(s for s in e.prompt_buckets if s >= max(len(r.prompt) for r in requests))
-    prompts = [list(r.prompt) for r in requests] + [[e.filler_id]] * (a - len(requests))
-    tokens, valid = base.pad_prompts(prompts, base.output_pad_id(e.cfg), p)
-    seeds = np.zeros(a, np.uint32)
-    seeds[:len(requests)] = [r.seed for r in requests]
-    where = np.full(a, e.num_slots, np.int32)  # unused rows: out of range, dropped
-    where[:len(requests)] = slots
-    with e.context():
-      self.state = _admit(self.params, self.state, self.traced, tokens, valid, seeds, where,
-                          prompt_len=e.prompt_buckets[-1], **self._kw())
-
-  def run(self, max_steps: int):
-    e = self.engine
-    occupied = np.array([s is not None for s in self.slots])
-    # With requests waiting, return once enough rows finished to admit a batch of them
-    # (fewer host round trips); with none waiting, as soon as one row finishes.
-    min_finished = min(len(self.queue), e.refill) if self.queue else 1
-    limit = np.array([s.request.max_new_tokens if s else self.gen_length for s in self.slots],
-                     np.int32)
-    with e.context():
-      self.state, steps, view = _run(self.params, self.state, self.retire, limit, occupied,
-                                     np.int32(max_steps), np.int32(max(min_finished, 1)),
-                                     **self._kw())
-    self.retire = np.zeros_like(self.retire)
-    view = jax.device_get((steps, view))
-    steps = int(view[0])
-    self.steps += steps
-    self.occupied_steps += steps * int(occupied.sum())
-    return view[1]
-
-  # ------------------------------------------------------------------ host loop
-  @property
-  def occupied(self) -> int:
-    return sum(s is not None for s in self.slots)
-
-  @property
-  def busy(self) -> bool:
-    return bool(self.queue) or self.occupied > 0
-
-  def step(self) -> list:
-    e = self.engine
-    events: list = []
-    free = [i for i, s in enumerate(self.slots) if s is None]
-    while free and self.queue:
-      take = min(len(free), len(self.queue), e.admit_sizes[-1])
-      batch = [self.queue.popleft() for _ in range(take)]
-      where, free = free[:take], free[take:]
-      self.admit_batch(batch, where)
-      now = time.perf_counter()
-      for request, slot in zip(batch, where):
-        self.slots[slot] = _Live(request, now)
-        self.retire[slot] = False  # the slot holds a fresh row now
-    if not self.occupied:
-      return events
-    response, prefix, done, finite, nfe = self.run(e.max_steps_per_run)
-    now = time.perf_counter()
-    for b, live in enumerate(self.slots):
-      if live is not None:
-        events.extend(self._harvest(b, live, response[b], int(prefix[b]), bool(done[b]),
-                                    bool(finite[b]), int(nfe[b]), now))
-    return events
-
-  def _harvest(self, b, live, response, prefix, done, finite, nfe, now) -> list:
-    request = live.request
-    if not finite:
-      return [self._free(b, done, Result(
-          request.id, status="error", nfe=nfe, latency=now - request.arrival,
-          queued=live.admitted - request.arrival, error=NonFiniteRowError(
-              f"request {request.id}: the model produced non-finite (NaN/inf) logits for its "
-              "row; check the weights (dllm_jax.models.finite) and the dtype.")))]
-    n = min(prefix, request.max_new_tokens)
-    tokens = [int(t) for t in response[:n]]
-    stops = self.stop_ids | set(request.stop_ids)
-    hit = next((i for i, t in enumerate(tokens) if t in stops), None)
-    if hit is not None:
-      tokens = tokens[:hit]
-    final = hit is not None or done or n >= request.max_new_tokens
-    new = tuple(tokens[live.streamed:])
-    events = []
-    if new and live.first_token is None:
-      live.first_token = now
-    if new or final:
-      events.append(StreamUpdate(request.id, new, final))
-    live.streamed, live.tokens = len(tokens), tuple(tokens)
-    if final:
-      ttft = None if live.first_token is None else live.first_token - request.arrival
-      events.append(self._free(b, done, Result(
-          request.id, tokens=tuple(tokens), text=self.engine.decode_text(tokens), nfe=nfe,
-          ttft=ttft, latency=now - request.arrival, queued=live.admitted - request.arrival)))
-    return events
-
-  def _free(self, b: int, done: bool, result: Result) -> Result:
-    self.slots[b] = None
-    self.retire[b] = not done
-    self.engine._record(result)
-    return result
-
-  def cancel(self, request_id: int) -> Result | None:
-    for request in self.queue:
-      if request.id == request_id:
-        self.queue.remove(request)
-        return self.engine._record(_cancelled(request, None, time.perf_counter()))
-    for b, live in enumerate(self.slots):
-      if live is not None and live.request.id == request_id:
-        return self._free(b, False, _cancelled(live.request, live, time.perf_counter()))
-    return None
-
-
-def _cancelled(request: Request, live: _Live | None, now: float) -> Result:
-  return Result(request.id, tokens=live.tokens if live else (), status="cancelled",
-                error=CancelledError(f"request {request.id} was cancelled."),
-                latency=now - request.arrival,
-                queued=None if live is None else live.admitted - request.arrival)
+    BadOptionError, InvalidPromptError, MaskInPromptError, PromptTooLongError, Request,
+    RequestError, Result, UnknownMethodError, check_seed, check_stop_ids)
 
 
 def _default_buckets(max_prompt_len: int) -> tuple[int, ...]:
@@ -377,11 +146,11 @@ class Engine:
         raise ValueError(f"slots={self.num_slots} must be a multiple of the mesh's "
                          f"data-parallel size {dp}.")
       self.params = base.place_params(params, cfg, mesh, self.rules)
-    self.lanes: dict[str, _Lane] = {}
+    self.lanes: dict[str, lanes_lib.Lane] = {}
     for method, opts in methods.items():
       if method not in rows.DECODERS:
         raise ValueError(_method_message(method))
-      self.lanes[method] = _Lane(self, method, dict(opts))
+      self.lanes[method] = lanes_lib.Lane(self, method, dict(opts))
     self._next_id = 0
     self._results: dict[int, Result] = {}
     self._pending: list = []
