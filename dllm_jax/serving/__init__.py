@@ -4,9 +4,10 @@
   rid = engine.submit([1, 5, 6], seed=3)
   results = engine.run_until_idle()     # StreamUpdate and Result events
 
-See `engine.py` (the loop), `lanes.py` (one method's slots, queue and device programs), `rows.py` (per-row decoders: how a method's rows are inserted
-and stepped; the extension point for new methods), `requests.py` (requests, results, named
-errors) and `metrics.py` (throughput, TTFT, latency percentiles, NFE, slot occupancy).
+See `engine.py` (the loop), `lanes.py` (one method's slots, queue and device programs),
+`rows.py` (per-row decoders: how a method's rows are inserted and stepped; the extension
+point for new methods), `requests.py` (requests, results, named errors) and `metrics.py`
+(throughput, TTFT, latency percentiles, NFE, slot occupancy).
 """
 
 from dllm_jax.serving.engine import Engine
