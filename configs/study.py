@@ -1,45 +1,43 @@
 """The speed-versus-quality study (the README's main job).
 
-  python experiments/study.py           # default: short answers, ~11 min     (runs/study)
-  python experiments/study.py --mixed   # mixed tasks, long worked answers   (runs/study_mixed)
+  python experiments/study.py           # default: mixed suite, long worked answers (runs/study)
+  python experiments/study.py --short   # short answers only                (runs/study_short)
   python experiments/study.py --long    # long answers, ~35 min on CPU        (runs/study_long)
   python experiments/study.py --full    # larger, for an accelerator          (runs/study_full)
-  python experiments/study.py --tradeoff  # the trade-off curves, from the default's models
+  python experiments/study.py --tradeoff  # trade-off curves, from the short mode's models
 
-`--mixed` / `--long` / `--full` / `--tradeoff` stand for `--config configs/study.py:mixed`
+`--short` / `--long` / `--full` / `--tradeoff` stand for `--config configs/study.py:short`
 (`:long`, `:full`, `:tradeoff`).
 
 Three models of the same size on the same synthetic data: an AR model, a masked-diffusion
 model (MDM; `mdm_from_ar=True` starts it from the trained AR model's weights), and a D2F
 student distilled from the MDM (LoRA, block-causal). The data goes through the package's TFDS
 path: array_record files written once under `<workdir>/data` and read with
-`tfds.data_source` (`data.source='synthetic'` generates the same records in memory). Every decoder then
-runs on the same held-out prompts at batch 1 and at a larger batch. Model training configs come
-from configs/{ar,mdm,d2f}_tiny.py; this file only sets what the study must hold fixed (data,
-canvas, steps) and the decoding grid. Every setting listed here is reported; none is dropped.
+`tfds.data_source` (`data.source='synthetic'` generates the same records in memory). Every
+decoder then runs on the same held-out prompts (at batch 1, and in every mode but the default
+at a larger batch too). Model training configs come from configs/{ar,mdm,d2f}_tiny.py; this
+file only sets what the study must hold fixed (data, canvas, steps) and the decoding grid.
+Every setting listed here is reported; none is dropped.
 
 Modes:
-  ""     two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16): the regime where
-         AR needs ~3.5 forwards and parallel decoding has little to save. The MDM starts
-         from the trained AR model with Dream's shifted logits (AR-to-diffusion adaptation):
-         measured on this data, its masked-token eval accuracy is 97.9% after 500 steps and
-         98.7% after 1000, where the from-scratch MDM reached 95.1% after 3000 steps (today's
-         jax; its recipe had reached 99.5% on 2026-11-30's: the from-scratch run is slow to
-         learn carries and sensitive to numerics, BENCHMARKS.md section 1). It trains 1000
-         steps; the D2F student (block 4) starts from it. The accelerated AR baseline's
-         narrow drafter `ar_draft` trains here too.
-  mixed  the mixed suite (MIXED): three-digit addition worked column by column
-         (`long_addition:2`, 31-character answers, weight 2: the headline task), sorting five
-         digits (copying-like), two-digit addition (`37+48=85`, short answers) and running
-         sums (`running_sum:1`: each digit depends on the previous one, so parallel commits
-         fail); G = 32, 160 held-out prompts. The MDM starts from the trained AR model with
-         Dream's shifted logits (AR-to-diffusion adaptation): measured on this suite, its
-         masked-token eval accuracy is 85.6% after 300 steps, above the from-scratch MDM's
-         80.9% after 600 (and 90.2% at its 600 steps); the D2F student (block 16) starts
-         from the MDM. At these step counts (a 15-minute budget on 2 CPU cores) the diffusion
-         models are still short of the accuracy 31-token exact answers need: on this CPU
-         the mode shows where parallel decoding loses, not yet where it wins
-         (BENCHMARKS.md).
+  ""     the mixed suite (MIXED), sized to run in 15 minutes on 2 CPU cores from a fresh
+         clone: three-digit addition worked column by column (`long_addition:2`,
+         31-character answers, half of the data: the headline task), sorting five digits
+         (copying-like), two-digit addition (`37+48=85`, short answers) and running sums
+         (`running_sum:1`: each digit depends on the previous one, so parallel commits
+         fail); G = 32, 160 held-out prompts, batch 1. The MDM starts from the trained AR
+         model with Dream's shifted logits (AR-to-diffusion adaptation: measured on long
+         addition, 1500 steps reach the masked-token accuracy the from-scratch MDM needs
+         ~3400 for, BENCHMARKS.md section 1); the D2F student (block 16) starts from it.
+         Training takes ~10 of the 15 minutes (AR 900 steps, MDM 1300, student 600).
+         A compact grid (DEFAULT_CELLS); the task-tagged adaptive cell's tag -> mode map is
+         fitted on a calibration split (below).
+  short  two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16): the regime where
+         AR needs ~3.5 forwards and parallel decoding has little to save (the default mode
+         until 2026-12-02). The MDM starts from the trained AR model with Dream's shifted
+         logits: its masked-token eval accuracy is 97.9% after 500 steps and 98.7% after
+         1000, where the from-scratch MDM reached 95.1% after 3000 (BENCHMARKS.md section
+         1c). The accelerated AR baseline's narrow drafter `ar_draft` trains here too.
   long   three-digit addition worked column by column (`long_addition:2`, 31-character
          answers, G = 32): the regime the published D2F ratios come from. Its MDM trains from
          scratch and needs far more steps, so this mode takes ~35 minutes on 2 idle CPU cores.
@@ -47,9 +45,9 @@ Modes:
   full   for an accelerator: a wider, deeper model (d 512, 8 layers, 34M parameters), 10x
          the steps, on long addition worked column by column at 3, 4 and 6 digits (answers
          of up to 61 characters, G = 64); the D2F student is distilled at block 16.
-  tradeoff  the survey's three trade-offs as curves, on the default mode's data and its
-         trained AR, MDM and D2F models (same workdir, runs/study: they are loaded, not
-         retrained), plus three models of its own (TRADEOFF below):
+  tradeoff  the survey's three trade-offs as curves, on the short mode's data and its
+         trained AR, MDM and D2F models (same workdir, runs/study_short: they are loaded,
+         not retrained), plus three models of its own (TRADEOFF below):
            * steps x unmasking schedule: LLaDA (one block over G) and block diffusion (the
              D2F student at its training block k) at k, k/2, k/4, k/8, k/16 steps per block
              (those >= 1) under the even (LLaDA) and cosine (MaskGIT) schedules, and under the
@@ -72,8 +70,11 @@ The hybrids decode with the AR model as target (`model`) and the D2F student as 
     block length per round, verified by AR, greedy;
   * adaptive (`method="adaptive"`): per row and round, commit the draft in parallel, verify
     it, or decode AR, by the rule and thresholds of configs/adaptive.py; on a mixed suite
-    also with task tags (`task_tags`: each prompt's task name is its row's tag, and
-    TAG_MODES sends the tasks where parallel commits fail or barely pay to verification).
+    also with task tags (`task_tags`: each prompt's task name is its row's tag). The tag ->
+    mode map is not written here: the study fits it before decoding (`calibrate`,
+    dllm_jax/study/calibration.py) on `eval.calibration_prompts` eval-split records after
+    the evaluation prompts, giving each task the fastest of parallel / verify / AR whose
+    accuracy there is within `eval.calibration_tolerance` of AR's.
 """
 
 import importlib.util
@@ -82,25 +83,38 @@ import os
 from ml_collections import config_dict
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-MODES = ("", "mixed", "long", "full", "tradeoff")
-# The default mode's mixed suite: long worked answers (weight 2: the headline task), sorting
-# (copying-like: safe in parallel), short answers, and running sums (parallel commits fail).
-MIXED = "long_addition:2:2,sorting:1,arithmetic:1,running_sum:1"
+MODES = ("", "short", "long", "full", "tradeoff")
+# The default mode's mixed suite: long worked answers (weight 3 of 6: the headline task, half
+# of the training data), sorting (copying-like: safe in parallel), short answers, and running
+# sums (parallel commits fail).
+MIXED = "long_addition:2:3,sorting:1,arithmetic:1,running_sum:1"
 # mode -> (tasks, canvas block: G is the longest answer + EOS rounded up to it, D2F train block)
-DATA = {"": ("arithmetic:1", 16, 4), "mixed": (MIXED, 8, 16), "long": ("long_addition:2", 8, 16),
+DATA = {"": (MIXED, 8, 16), "short": ("arithmetic:1", 16, 4),
+        "long": ("long_addition:2", 8, 16),
         "full": ("long_addition:2,long_addition:3,long_addition:4", 16, 16)}
-STEPS = {"": {"ar": 1500, "mdm": 1000, "d2f": 1000},
-         "mixed": {"ar": 1200, "mdm": 600, "d2f": 500},
+# The default's budget (15 minutes on 2 cores, install included, ~10 of them training): the AR
+# model learns long addition in ~700 steps; the MDM adapted from it learns in half the steps
+# the from-scratch MDM needs (BENCHMARKS.md section 1); the student's drafts need only be good
+# enough for AR to accept long runs of them (the lossless hybrid).
+STEPS = {"": {"ar": 900, "mdm": 1300, "d2f": 600},
+         "short": {"ar": 1500, "mdm": 1000, "d2f": 1000},
          "long": {"ar": 1500, "mdm": 6000, "d2f": 1500},
          "full": {"ar": 20000, "mdm": 40000, "d2f": 10000}}
 # Modes whose MDM starts from the trained AR model (with Dream's shifted logits, so that the
 # AR model's next-token predictions sit where the MDM reads slot i: at i - 1).
-FROM_AR = ("", "mixed")
+FROM_AR = ("", "short")
 # Train records per mode where the default (200k) is more than the models see: the default
-# mode's AR model sees 1200 x 64 = 77k examples, and writing 200k records costs ~40 s.
-TRAIN_SIZE = {"mixed": 64_000}
-HEADLINE = {"": "arithmetic", "mixed": "long_addition", "long": "long_addition",
+# mode's MDM sees 1300 x 64 = 83k examples, and writing 200k records costs ~40 s.
+TRAIN_SIZE = {"": 83_200}
+HEADLINE = {"": "long_addition", "short": "arithmetic", "long": "long_addition",
             "full": "long_addition"}
+# The default mode's grid (a 15-minute budget: each cell compiles once): one cell per decoder
+# and setting that a claim or a contrast needs; the other modes run every cell _methods lists.
+DEFAULT_CELLS = ("ar", "llada steps=G", "llada steps=G/2", "fast-dllm tau=0.9 dual",
+                 "d2f on mdm (no distill) k=8", "block diffusion k=16", "d2f k=8 tau=0.9",
+                 "d2f k=16 tau=0.9", "d2f k=16 tau=0.7", "d2f k=16 tau=0.5",
+                 "speculative d2f k=8", "speculative d2f k=16", "adaptive k=16",
+                 "adaptive k=16 task tags")
 
 
 def _load(name):
@@ -110,17 +124,12 @@ def _load(name):
   return config_dict.ConfigDict(module.get_config().to_dict())  # an unlocked copy
 
 
-# The adaptive cells' task tags (`task_modes`): the rows of tasks where parallel commits fail
-# (running sums) or barely pay (short answers) are verified by AR; the rule decides the rest.
-TAG_MODES = {"running_sum": "verify", "arithmetic": "verify", "between": "verify",
-             "long_addition": "auto", "sorting": "auto"}
-
-
 def _adaptive(tasks: str, k: int, tags: bool):
   """An adaptive cell: the AR model as target, the D2F student as drafter, the rule's
-  thresholds from configs/adaptive.py; with `tags`, each row's task name is its tag."""
+  thresholds from configs/adaptive.py; with `tags`, each row's task name is its tag and the
+  tag -> mode map is fitted by the study on the calibration split (`calibrate`:
+  dllm_jax/study/calibration.py), never on the evaluation prompts."""
   rule = _load("adaptive").decode
-  names = sorted({part.split(":")[0] for part in tasks.split(",")})
   options = {"draft_length": k, "draft_steps": rule.draft_steps,
              "parallel_confidence": rule.parallel_confidence,
              "ar_confidence": rule.ar_confidence, "min_acceptance": rule.min_acceptance,
@@ -128,15 +137,14 @@ def _adaptive(tasks: str, k: int, tags: bool):
   cell = {"method": "adaptive", "label": f"adaptive k={k}", "model": "ar", "drafter": "d2f",
           "options": options}
   if tags:
-    options["task_modes"] = {name: TAG_MODES.get(name, "auto") for name in names}
-    cell.update(label=f"adaptive k={k} task tags", task_tags=True)
+    cell.update(label=f"adaptive k={k} task tags", task_tags=True, calibrate=True)
   return cell
 
 
 def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
   """The decoding grid. Vanilla LLaDA is one block over the whole canvas, one token a step."""
   g = gen_length
-  blocks = {"": (4, 8), "mixed": (8, 16), "long": (8, 16), "full": (8, 16)}[mode]
+  blocks = {"": (8, 16), "short": (4, 8), "long": (8, 16), "full": (8, 16)}[mode]
   d2f = []
   for block in blocks:
     for active in (None, 2) if g // block > 2 else (None,):
@@ -151,10 +159,10 @@ def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
   hybrids = [{"method": "speculative", "label": f"speculative d2f k={k}", "model": "ar",
               "drafter": "d2f", "options": {"drafter": "d2f", "draft_length": k}}
              for k in blocks]
-  hybrids.append(_adaptive(tasks, blocks[0], tags=False))
+  hybrids += [_adaptive(tasks, k, tags=False) for k in blocks]
   if len({part.split(":")[0] for part in tasks.split(",")}) > 1:  # mixed: task-tagged switch
     hybrids += [_adaptive(tasks, k, tags=True) for k in blocks]
-  return [
+  cells = [
       {"method": "ar", "label": "ar", "model": "ar", "options": {}},
       {"method": "llada", "label": "llada steps=G", "model": "mdm",
        "options": {"block_length": g, "early_stop": False}},
@@ -174,6 +182,11 @@ def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
       {"method": "block_diffusion", "label": f"block diffusion k={train_block}", "model": "d2f",
        "options": {"block_length": train_block, "steps_per_block": train_block}},
   ] + d2f + hybrids
+  if mode == "":
+    cells = [c for c in cells if c["label"] in DEFAULT_CELLS]
+    missing = set(DEFAULT_CELLS) - {c["label"] for c in cells}
+    assert not missing, f"DEFAULT_CELLS names cells the grid does not have: {missing}"
+  return cells
 
 
 # The trade-off mode's own models and grid (see the module docstring).
@@ -185,7 +198,7 @@ def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
 DRAFT_WIDTH = {"d_model": 48, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2, "mlp_dim": 192}
 ACCELERATED_AR_K = 4  # the accelerated AR cell's draft length
 ACCELERATED_AR_LABEL = f"speculative ar k={ACCELERATED_AR_K}"
-WITH_DRAFTER = ("",)  # modes that train ar_draft and time the accelerated AR
+WITH_DRAFTER = ("short",)  # modes that train ar_draft and time the accelerated AR
 
 TRADEOFF = {
     "draft_lengths": (2, ACCELERATED_AR_K),
@@ -253,8 +266,10 @@ def get_config(mode: str = ""):
   c.models.d2f.objective.options = {"block_size": train_block}
   c.models.d2f.decode.options = {"block_length": train_block}
 
-  c.eval.num_prompts = {"": 160, "full": 512}.get(mode, 128)
-  c.eval.batch_sizes = (1, 16) if not full else (1, 64)
+  c.eval.num_prompts = {"": 160, "short": 160, "full": 512}.get(mode, 128)
+  # The default mode decodes at batch 1 only (the verdict's batch; its budget), the others at
+  # batch 1 and a larger batch.
+  c.eval.batch_sizes = {"": (1,), "full": (1, 64)}.get(mode, (1, 16))
   c.eval.seed = 0
   c.eval.headline_task = HEADLINE[mode]
   c.eval.llada_vanilla_label = "llada steps=G"
@@ -263,7 +278,11 @@ def get_config(mode: str = ""):
   c.eval.memory_bandwidth_gbps = 0.0
   # Timing on a shared machine: cells are timed round-robin batch by batch, and each batch is
   # decoded this many times in a row, its fastest wall time counting (study/runner.py).
-  c.eval.timing_repeats = 5
+  c.eval.timing_repeats = 3 if mode == "" else 5
+  # The calibration split of the task-tagged adaptive cells: eval-split records after the
+  # evaluation prompts; a task's mode must match AR's accuracy there within this tolerance.
+  c.eval.calibration_prompts = 192
+  c.eval.calibration_tolerance = 0.0
   c.methods = _methods(mode, _gen_length(c.data), train_block, tasks)
   if mode in WITH_DRAFTER:
     c.methods.insert(1, _accelerated_ar(ACCELERATED_AR_K))
@@ -274,7 +293,7 @@ def get_config(mode: str = ""):
 def _tradeoff_config():
   """The default mode's config (same data, same AR / MDM / D2F models, so that the default
   mode's cached models are loaded) with the trade-off models and grid."""
-  c = config_dict.ConfigDict(get_config("").to_dict())  # an unlocked copy
+  c = config_dict.ConfigDict(get_config("short").to_dict())  # an unlocked copy
   t = TRADEOFF
   c.mode = "tradeoff"
   for schedule in t["train_schedules"]:

@@ -1,19 +1,20 @@
 """The speed-versus-quality study: train (or load) AR, MDM and D2F models, decode the same
 held-out prompts with every decoder, and write a table, a JSON file and a Pareto plot.
 
-  python experiments/study.py                 # default: short answers (~11 min on 2 cores)
-  python experiments/study.py --mixed         # mixed tasks, long worked answers (:mixed)
+  python experiments/study.py                 # default: mixed suite, long worked answers
+  python experiments/study.py --short         # short answers only (configs/study.py:short)
   python experiments/study.py --long          # long answers (configs/study.py:long)
   python experiments/study.py --full          # the larger accelerator mode
-  python experiments/study.py --tradeoff      # trade-off curves from the default's models
+  python experiments/study.py --tradeoff      # trade-off curves from the short mode's models
   python experiments/study.py --long --config.eval.num_prompts=64
-  python experiments/study.py --mixed --config.mdm_from_ar=False  # its MDM from scratch
+  python experiments/study.py --config.mdm_from_ar=False --workdir=runs/scratch  # MDM from scratch
 
-`--mixed`, `--long`, `--full` and `--tradeoff` stand for `--config configs/study.py:mixed`,
-`:long`, `:full` and `:tradeoff`. The workdir defaults to runs/study (the default and the
-trade-off mode, which loads the default's models), or runs/study_<mode>; rerunning reuses the
-trained models cached there (as orbax checkpoints) and the TFDS data files under
-<workdir>/data. The printed and stored verdict (dllm_jax/study/verdict.py) names every claim.
+`--short`, `--long`, `--full` and `--tradeoff` stand for `--config configs/study.py:short`,
+`:long`, `:full` and `:tradeoff`. The workdir defaults to runs/study (the default mode) or
+runs/study_<mode> (the trade-off mode shares runs/study_short: it loads the short mode's
+models); rerunning reuses the trained models cached there (as orbax checkpoints) and the TFDS
+data files under <workdir>/data. The printed and stored verdict (dllm_jax/study/verdict.py)
+names every claim.
 """
 
 import sys

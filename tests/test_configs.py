@@ -114,7 +114,7 @@ def test_command_line_typo_is_an_error(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-STUDY_MODES = ["", "mixed", "long", "full", "tradeoff"]
+STUDY_MODES = ["", "short", "long", "full", "tradeoff"]
 
 
 @pytest.mark.parametrize("mode", STUDY_MODES)
@@ -143,33 +143,38 @@ def test_every_study_mode_trains_valid_models(mode, tmp_path):
           for n in models_lib.training_order(study)}
   mdms = [n for n in cfgs if models_lib.is_mdm(n)]
   assert {cfgs[n].shift_logits for n in mdms + ["d2f"]} == {bool(study.mdm_from_ar)}
-  # The short-answer default (and the trade-off mode on its models) and the mixed suite
+  # The default (mixed suite) and the short mode (and the trade-off mode on its models)
   # adapt the AR model; the long and accelerator modes train their MDM from scratch.
-  assert study.mdm_from_ar == (mode in ("", "mixed", "tradeoff"))
+  assert study.mdm_from_ar == (mode in ("", "short", "tradeoff"))
   assert study.eval.headline_task in {t.split(":")[0] for t in study.data.tasks.split(",")}
   with pytest.raises(ValueError, match="unknown study mode"):
     module.get_config("fast")
 
 
-def test_mixed_study_mode_mixes_safe_short_and_failing_tasks():
-  """The mixed mode shows both sides: long worked answers (the headline), a copying-like
-  task, short answers and the task where parallel commits fail; G covers the longest answer,
-  the eval is >= 128 prompts, and the adaptive cells tag exactly the suite's tasks."""
+def test_default_study_mode_mixes_safe_short_and_failing_tasks():
+  """The default mode shows both sides: long worked answers (the headline, half the data), a
+  copying-like task, short answers and the task where parallel commits fail; G covers the
+  longest answer, the eval is >= 128 prompts with a disjoint calibration split after it, and
+  the task-tagged adaptive cells leave their tag map to the calibration."""
   from dllm_jax.data.tasks import TaskSuite
   module = load_module(STUDY_CONFIG)
-  study = module.get_config("mixed")
+  study = module.get_config("")
   suite = TaskSuite.parse(study.data.tasks)
   names = {s.name for s in suite.specs}
   assert names == {"long_addition", "sorting", "arithmetic", "running_sum"}
   assert study.eval.headline_task == "long_addition"
   assert module._gen_length(study.data) == 32 >= suite.max_answer_len + 1
   assert study.eval.num_prompts >= 128
+  assert study.eval.num_prompts + study.eval.calibration_prompts <= study.data.eval_size
+  weights = {s.name: s.weight for s in suite.specs}
+  assert weights["long_addition"] == sum(weights.values()) / 2
   tagged = [c for c in study.methods if c.get("task_tags")]
-  assert tagged and all(c["method"] == "adaptive" for c in tagged)
-  for cell in tagged:
-    modes = cell["options"]["task_modes"]
-    assert set(modes) == names and modes["running_sum"] in ("ar", "verify")
-  assert module.get_config("").data.tasks == "arithmetic:1"
+  assert tagged and all(c["method"] == "adaptive" and c["calibrate"] for c in tagged)
+  assert all("task_modes" not in c["options"] for c in tagged)
+  labels = [c["label"] for c in study.methods]
+  assert labels == [l for l in labels if l in module.DEFAULT_CELLS] and len(labels) == len(
+      module.DEFAULT_CELLS)
+  assert module.get_config("short").data.tasks == "arithmetic:1"
 
 
 
@@ -187,9 +192,9 @@ def test_study_mode_flags_and_default_workdirs(tmp_path):
       expand(argv)
   module = load_module(STUDY_CONFIG)
   assert [study_lib.default_workdir(module.get_config(m)) for m in STUDY_MODES] == [
-      "runs/study", "runs/study_mixed", "runs/study_long", "runs/study_full",
-      "runs/study"]  # the trade-off mode loads the default mode's models
-  assert expand(["s", "--mixed"]) == ["s", "--config=configs/study.py:mixed"]
+      "runs/study", "runs/study_short", "runs/study_long", "runs/study_full",
+      "runs/study_short"]  # the trade-off mode loads the short mode's models
+  assert expand(["s", "--short"]) == ["s", "--config=configs/study.py:short"]
   # The script itself: flags parse (the run then stops at a workdir that cannot be made).
   (tmp_path / "file").write_text("")
   script = os.path.join(REPO, "experiments", "study.py")
@@ -254,7 +259,11 @@ def test_every_study_cell_traces_at_its_mode_shapes(mode, tmp_path):
                                                   "block_diffusion", "speculative"} | (
       set() if mode == "tradeoff" else {"adaptive"})
   task = study.data.tasks.split(":")[0]
+  names = {part.split(":")[0] for part in study.data.tasks.split(",")}
   for cell in study.methods:
+    if cell.get("calibrate"):  # as the study's calibration step fills it (any of its modes)
+      cell = {**cell, "options": {**cell["options"],
+                                  "task_modes": {n: "verify" for n in names}}}
     def decode(p, cell=dict(cell)):
       trained = {n: models_lib.with_active_vocab(models_lib.for_decoding(
           ckpt_lib.TrainedModel(p[n], cfgs[n], None)), tok.vocab_size) for n in cfgs}

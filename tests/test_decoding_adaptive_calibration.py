@@ -91,3 +91,27 @@ def test_end_to_end_on_tiny_models_keeps_ar_accuracy():
   parallel = result.trials[0]
   assert parallel.accuracy < 1.0 and parallel.tokens_per_forward > \
       result.chosen.tokens_per_forward
+
+
+def test_choose_task_modes_takes_the_fastest_mode_within_tolerance():
+  """By hand: per task, the fastest mode whose accuracy is within tolerance of AR's."""
+  ar_accuracy = {"long": 1.0, "sums": 1.0, "short": 0.9}
+  trials = {"parallel": {"long": (0.95, 30.0), "sums": (0.4, 50.0), "short": (0.9, 9.0)},
+            "verify": {"long": (1.0, 14.0), "sums": (1.0, 8.0), "short": (0.9, 8.0)},
+            "ar": {"long": (1.0, 10.0), "sums": (1.0, 10.0), "short": (0.9, 9.0)}}
+  # tolerance 0: long -> verify (parallel loses 5 points); sums -> ar (verify is slower);
+  # short: parallel and ar tie at 9.0, the first mode in order wins.
+  assert calib.choose_task_modes(ar_accuracy, trials) == {
+      "long": "verify", "short": "parallel", "sums": "ar"}
+  assert calib.choose_task_modes(ar_accuracy, trials, tolerance=0.05)["long"] == "parallel"
+  # A speed that was not measured never wins; a task needs every mode's figures.
+  nan_trials = {**trials, "parallel": {**trials["parallel"], "long": (1.0, float("nan"))}}
+  assert calib.choose_task_modes(ar_accuracy, nan_trials)["long"] == "verify"
+  with pytest.raises(ValueError, match=r"task 'long' has no calibration figures for modes "
+                                       r"\['verify'\]"):
+    calib.choose_task_modes(ar_accuracy, {**trials, "verify": {"sums": (1.0, 1.0),
+                                                               "short": (1.0, 1.0)}})
+  with pytest.raises(ValueError, match="no mode keeps task 'sums' within 0.0"):
+    calib.choose_task_modes({"sums": 1.0}, {"parallel": {"sums": (0.4, 50.0)}})
+  with pytest.raises(ValueError, match="trials must map modes of"):
+    calib.choose_task_modes(ar_accuracy, {"fast": trials["ar"]})

@@ -140,7 +140,7 @@ TINY_RUN = {**TINY_MODEL, "train.steps": 2, "train.batch_size": 8, "train.log_ev
             "opt.warmup_steps": 1}
 STUDY_OVERRIDES = ["--config.data.train_size=64", "--config.data.eval_size=16",
                    "--config.eval.num_prompts=2", "--config.eval.batch_sizes=(1,)",
-                   "--config.eval.timing_repeats=1"]
+                   "--config.eval.timing_repeats=1", "--config.eval.calibration_prompts=8"]
 
 
 def study_overrides(command: str) -> list[str]:

@@ -173,12 +173,8 @@ def _micro_config():
                                                                           "study.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  c = config_dict.ConfigDict(module.get_config().to_dict())
-  for name, m in c.models.items():
-    m.train.steps, m.train.batch_size, m.train.log_every = 3, 8, 1
-    m.opt.warmup_steps = 1
-    m.model.d_model, m.model.n_layers, m.model.mlp_dim = 32, 1, 64
-    m.model.n_heads = m.model.n_kv_heads = 2
+  c = config_dict.ConfigDict(module.get_config("short").to_dict())
+  _shrink_models(c)
   c.data.train_size, c.data.eval_size = 64, 16
   c.eval.num_prompts = 3
   c.eval.batch_sizes = (1, 2)
@@ -187,6 +183,14 @@ def _micro_config():
           "speculative ar k=4"}
   c.methods = [m for m in c.methods if m["label"] in keep]
   return c
+
+
+def _shrink_models(c):
+  for name, m in c.models.items():
+    m.train.steps, m.train.batch_size, m.train.log_every = 3, 8, 1
+    m.opt.warmup_steps = 1
+    m.model.d_model, m.model.n_layers, m.model.mlp_dim = 32, 1, 64
+    m.model.n_heads = m.model.n_kv_heads = 2
 
 
 @pytest.mark.slow
@@ -240,6 +244,57 @@ def test_micro_study_end_to_end(tmp_path, monkeypatch):
     changed.models.ar.opt.lr = 0.5
   with pytest.raises(CheckpointError, match=r"(?s)cached ar model.*opt\.lr: .* -> 0\.5"):
     study.run(changed, "study", log=lambda *_: None)
+
+
+@pytest.mark.slow
+def test_default_study_calibrates_its_task_tags_on_held_out_prompts(tmp_path):
+  """The default (mixed-suite) mode's task-tagged adaptive cell gets its tag -> mode map from
+  the calibration split: records after the evaluation prompts; every task of the suite gets
+  the mode choose_task_modes picks from the stored figures; the stored verdict is the one the
+  stored cells give."""
+  from dllm_jax.decoding import adaptive_calibration
+  from dllm_jax.study import calibration
+  spec = importlib.util.spec_from_file_location("study_cfg", os.path.join(ROOT, "configs",
+                                                                          "study.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  c = config_dict.ConfigDict(module.get_config("").to_dict())
+  _shrink_models(c)
+  c.data.train_size, c.data.eval_size = 64, 40
+  c.eval.num_prompts, c.eval.calibration_prompts, c.eval.timing_repeats = 4, 24, 1
+  c.methods = [m for m in c.methods if m["label"] in ("ar", "adaptive k=16 task tags")]
+  doc = study.run(c, tmp_path, log=lambda *_: None)
+  record = doc["calibration"]["adaptive k=16 task tags"]
+  tasks = {t.split(":")[0] for t in c.data.tasks.split(",")}
+  assert set(record["task_modes"]) <= tasks and record["prompts"] == 24
+  assert sum(record["prompts_per_task"].values()) == 24
+  ar_accuracy = {t: f["accuracy"] for t, f in record["ar"].items()}
+  trials = {m: {t: (f["accuracy"], f["tokens_per_s"]) for t, f in per.items()}
+            for m, per in record["modes"].items()}
+  assert record["task_modes"] == adaptive_calibration.choose_task_modes(
+      ar_accuracy, trials, tolerance=record["tolerance"])
+  row = next(r for r in doc["results"] if r["label"] == "adaptive k=16 task tags")
+  assert row["setting"]["calibrated"] is True and row["setting"]["task_tags"] is True
+  assert verdict.recompute(json.loads((tmp_path / "study.json").read_text())) == doc["verdict"]
+  assert "Calibration of 'adaptive k=16 task tags'" in (tmp_path / "study.md").read_text()
+  # The calibration split never overlaps the evaluation prompts, and must fit the eval split.
+  data = models_lib.study_data(c, tmp_path)
+  held = calibration.calibration_examples(data, 4, 24)
+  evaluated = study.held_out(c, tmp_path)[3]
+  assert not {e.prompt for e in held} & {e.prompt for e in evaluated}
+  with pytest.raises(ValueError, match="raise data.eval_size or lower"):
+    calibration.calibration_examples(data, 4, 37)
+  with pytest.raises(ValueError, match="calibration prompts are also evaluation prompts"):
+    calibration.calibrate_cells(c.methods, None, examples=held, eval_examples=held[:1],
+                                layout=None, suite=None, batch_size=1, tolerance=0.0, seed=0,
+                                repeats=1)
+
+
+def test_bind_cell_refuses_an_uncalibrated_cell():
+  cell = {"method": "adaptive", "label": "a", "model": "ar", "drafter": "d2f",
+          "task_tags": True, "calibrate": True, "options": {"draft_length": 4}}
+  with pytest.raises(ValueError, match="fitted by the study's calibration step"):
+    study.bind_cell(cell, {"ar": None, "d2f": None}, 8)
 
 
 def test_run_cells_interleaves_batches_and_keeps_the_fastest_repeat():

@@ -44,8 +44,8 @@ def test_every_study_mode_reads_tfds_under_its_workdir(tmp_path):
   spec.loader.exec_module(module)
   for mode in module.MODES:
     c = module.get_config(mode)
-    # The trade-off mode is the default mode's models plus its own: it adapts alike.
-    from_ar = mode in module.FROM_AR or (mode == "tradeoff" and "" in module.FROM_AR)
+    # The trade-off mode is the short mode's models plus its own: it adapts alike.
+    from_ar = mode in module.FROM_AR or (mode == "tradeoff" and "short" in module.FROM_AR)
     assert c.data.source == "tfds" and c.mdm_from_ar is from_ar, mode
     for name in models_lib.training_order(c):
       cfg = models_lib.training_config(c, name, tmp_path)

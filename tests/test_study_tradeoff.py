@@ -155,14 +155,14 @@ def test_plot_writes_three_panels(tmp_path):
 
 # ----------------------------------------------------------------------------- config
 
-def test_tradeoff_config_reuses_the_default_models_and_sweeps_every_schedule(tmp_path):
-  default, trade = _study_config(), _study_config("tradeoff")
-  # The default mode's three models are the same training runs (so their cache is loaded).
+def test_tradeoff_config_reuses_the_short_models_and_sweeps_every_schedule(tmp_path):
+  default, trade = _study_config("short"), _study_config("tradeoff")
+  # The short mode's three models are the same training runs (so their cache is loaded).
   for name in ("ar", "mdm", "d2f"):
     a = models_lib.training_config(default, name, tmp_path)
     b = models_lib.training_config(trade, name, tmp_path)
     assert config_lib.config_differences(config_lib.to_json(a), b) == [], name
-  assert study.default_workdir(trade) == study.default_workdir(default) == "runs/study"
+  assert study.default_workdir(trade) == study.default_workdir(default) == "runs/study_short"
   # The drafter: the AR recipe at a smaller width; the schedule MDMs: the MDM recipe with
   # their alpha(t), all at the same steps and seed.
   draft = models_lib.training_config(trade, "ar_draft", tmp_path)
@@ -215,7 +215,7 @@ def test_tradeoff_flag_expands():
   assert study.expand_mode_flags(["study.py", "--tradeoff"]) == [
       "study.py", "--config=configs/study.py:tradeoff"]
   with pytest.raises(ValueError, match="one study mode"):
-    study.expand_mode_flags(["study.py", "--tradeoff", "--mixed"])
+    study.expand_mode_flags(["study.py", "--tradeoff", "--short"])
 
 
 # ----------------------------------------------------------------------------- end to end

@@ -17,6 +17,12 @@ the chosen one has the most tokens per forward,
 (drafter_cost: a drafter forward's cost in target forwards; 1 counts forwards), the first in
 grid order on ties. `calibrate` refuses a calibration split that shares a prompt with the
 evaluation prompts.
+
+The task-tag map (`task_modes`) is fitted the same way, one task at a time
+(`choose_task_modes`): each mode of CALIBRATED_MODES is forced on the task's calibration
+prompts (its tag mapped to that mode), and the task gets the fastest mode whose accuracy is
+within `tolerance` of AR's on those prompts. "ar" is AR itself, so some mode always
+qualifies.
 """
 
 from __future__ import annotations
@@ -38,6 +44,11 @@ DEFAULT_GRID = {
     "min_acceptance": (0.0, 0.25, 0.5),
     "trust_streak": (0, 2, 4),
 }
+
+
+INF = float("inf")
+# The modes a task can be given (`choose_task_modes`), in tie-break order.
+CALIBRATED_MODES = ("parallel", "verify", "ar")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +148,40 @@ def select(trials: Sequence[Trial], ar_accuracy: float, tolerance: float) -> Tri
         f"(best {best:.4f}); add a verify-only setting to the grid (parallel_confidence=inf, "
         "ar_confidence=0, trust_streak=0) or raise the tolerance.")
   return max(eligible, key=lambda t: t.tokens_per_forward)  # max keeps the first on ties
+
+
+def choose_task_modes(ar_accuracy: Mapping[str, float],
+                      trials: Mapping[str, Mapping[str, Sequence[float]]], *,
+                      tolerance: float = 0.0) -> dict[str, str]:
+  """Each task's mode: the fastest whose accuracy is within `tolerance` of AR's.
+
+  Args:
+    ar_accuracy: {task: AR's accuracy on that task's calibration prompts}.
+    trials: {mode: {task: (accuracy, speed)}}, each mode forced on every prompt of the task
+      (modes of CALIBRATED_MODES); speed is any larger-is-faster figure (the study: measured response
+      tokens/s at its batch size). Modes are tried in order: the first wins a tie.
+    tolerance: accuracy (a fraction) a mode may lose against AR on the task.
+  Returns {task: mode} for every task of `ar_accuracy`; ValueError if a task has no trial of
+  some mode, or no mode within tolerance (impossible when "ar" is a mode: it is AR).
+  """
+  base.check_number("tolerance", tolerance, low=0.0, high=1.0)
+  unknown = sorted(set(trials) - set(CALIBRATED_MODES))
+  if unknown or not trials:
+    raise ValueError(f"trials must map modes of {list(CALIBRATED_MODES)} to their figures, "
+                     f"got {sorted(trials)}.")
+  chosen = {}
+  for task in sorted(ar_accuracy):
+    missing = [m for m in trials if task not in trials[m]]
+    if missing:
+      raise ValueError(f"task {task!r} has no calibration figures for modes {missing}.")
+    eligible = [(mode, float(trials[mode][task][1])) for mode in trials
+                if float(trials[mode][task][0]) >= ar_accuracy[task] - tolerance - 1e-12]
+    if not eligible:
+      raise ValueError(f"no mode keeps task {task!r} within {tolerance} of AR's accuracy "
+                       f"{ar_accuracy[task]:.4f}; include 'ar' (AR itself) among the modes.")
+    # max keeps the first on ties; a speed that was not measured (nan) never wins
+    chosen[task] = max(eligible, key=lambda e: -INF if np.isnan(e[1]) else e[1])[0]
+  return chosen
 
 
 def calibrate(decode: Callable, ar_decode: Callable, prompts: Sequence, answers: Sequence, *,

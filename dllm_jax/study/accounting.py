@@ -41,9 +41,9 @@ class MethodResult:
   per_task: dict = dataclasses.field(default_factory=dict)  # task -> [correct, total]
   # wall_s sums each batch's fastest timed decode; this sums their medians (same batches).
   wall_median_s: float = 0.0
-  # task -> [response tokens, wall_s, nfe, wall_median_s, prompts] over the batches whose
-  # real rows are all of that task (every batch at batch size 1): each task's own speed,
-  # timed as wall_s is.
+  # task -> [response tokens, wall_s, nfe, wall_median_s, prompts, loop_steps] over the
+  # batches whose real rows are all of that task (every batch at batch size 1): each task's
+  # own speed, timed as wall_s is (documents written before loop_steps was added have 5).
   per_task_time: dict = dataclasses.field(default_factory=dict)
 
   @classmethod
@@ -115,9 +115,10 @@ class Tally:
     if len(real_tasks) == 1 and len(tasks) >= real_rows:
       (task,) = real_tasks
       median = float(wall_s if wall_median_s is None else wall_median_s)
-      old = r.per_task_time.get(task, (0, 0.0, 0, 0.0, 0))
+      old = r.per_task_time.get(task, (0, 0.0, 0, 0.0, 0, 0))
       r.per_task_time[task] = [old[0] + int(np.sum(lengths)), old[1] + float(wall_s),
-                               old[2] + int(nfe), old[3] + median, old[4] + real_rows]
+                               old[2] + int(nfe), old[3] + median, old[4] + real_rows,
+                               old[5] + int(steps)]
     r.num_prompts += real_rows
     r.num_correct += int(np.sum(np.asarray(correct, bool)[:real_rows]))
     r.response_tokens += int(np.sum(lengths))

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from dllm_jax.data.sources import record_to_example
 from dllm_jax.decoding import api as decode_api
 from dllm_jax.study import accounting, models as models_lib, report, roofline, runner
+from dllm_jax.study import calibration as calibration_lib
 from dllm_jax.study import tradeoff as tradeoff_lib
 from dllm_jax.study import verdict as verdict_lib
 from dllm_jax.training import data as data_lib
@@ -58,6 +59,9 @@ def bind_cell(cell: dict, trained: dict, gen_length: int):
   if cell.get("task_tags") and method not in TASK_TAGGED:
     raise ValueError(f"cell {cell['label']!r}: task_tags applies to {list(TASK_TAGGED)} "
                      f"only, not {method!r}.")
+  if cell.get("calibrate") and "task_modes" not in cell.get("options", {}):
+    raise ValueError(f"cell {cell['label']!r}: its task_modes are fitted by the study's "
+                     "calibration step (calibration.calibrate_cells) before it is bound.")
   model = trained[cell["model"]]
   options = resolve_options(dict(cell.get("options", {})), gen_length)
   setting = {"model": cell["model"], **options}
@@ -74,6 +78,8 @@ def bind_cell(cell: dict, trained: dict, gen_length: int):
                      f"only, not {method!r}.")
   if cell.get("task_tags"):
     setting["task_tags"] = True
+  if cell.get("calibrate"):
+    setting["calibrated"] = True
   for key in ("curve", "knob"):  # the trade-off mode's curve and swept option
     if key in cell:
       setting[key] = cell[key]
@@ -128,14 +134,14 @@ def roofline_text(r: dict | None) -> str:
           f"of the bound) and {r['measured_tokens_per_s']:.0f} response tokens/s.")
 
 
-MODE_FLAGS = {"--mixed": "configs/study.py:mixed", "--long": "configs/study.py:long",
+MODE_FLAGS = {"--short": "configs/study.py:short", "--long": "configs/study.py:long",
               "--full": "configs/study.py:full", "--tradeoff": "configs/study.py:tradeoff"}
-# Modes that share the default mode's workdir (they load its trained models).
-SHARES_DEFAULT_WORKDIR = ("tradeoff",)
+# Modes that share another mode's workdir (they load its trained models).
+SHARES_WORKDIR = {"tradeoff": "short"}
 
 
 def expand_mode_flags(argv: list[str]) -> list[str]:
-  """The study command line with `--mixed` / `--long` / `--full` rewritten into the
+  """The study command line with `--short` / `--long` / `--full` / `--tradeoff` rewritten into the
   `--config` each stands for; ValueError for two modes, or a mode flag beside an explicit
   --config."""
   picked = [a for a in argv[1:] if a in MODE_FLAGS]
@@ -144,21 +150,29 @@ def expand_mode_flags(argv: list[str]) -> list[str]:
   explicit = [a for a in argv[1:] if a == "--config" or a.startswith("--config=")]
   if len(picked) > 1 or explicit:
     raise ValueError(f"pass one study mode: {' '.join(picked + explicit)} conflict "
-                     "(--mixed, --long, --full and --tradeoff each stand for a --config).")
+                     "(--short, --long, --full and --tradeoff each stand for a --config).")
   return [argv[0]] + [f"--config={MODE_FLAGS[a]}" if a in MODE_FLAGS else a
                       for a in argv[1:]]
 
 
 def default_workdir(study_config) -> str:
-  """runs/study for the default mode and the modes that reuse its models (tradeoff),
-  runs/study_<mode> for the others."""
+  """runs/study for the default mode, runs/study_<mode> for the others; a mode that reuses
+  another's models (tradeoff: the short mode's) gets that mode's workdir."""
   mode = study_config.get("mode", "")
-  return f"runs/study_{mode}" if mode and mode not in SHARES_DEFAULT_WORKDIR else "runs/study"
+  mode = SHARES_WORKDIR.get(mode, mode)
+  return f"runs/study_{mode}" if mode else "runs/study"
+
+
+def runner_cell(cell: dict, trained: dict, gen_length: int, batch_size: int) -> runner.Cell:
+  decode, params, setting = bind_cell(cell, trained, gen_length)
+  return runner.Cell(decode, params, cell["method"], cell["label"], setting, batch_size,
+                     task_tags=bool(cell.get("task_tags")))
 
 
 def decode_all(study_config, workdir, *, log=print):
-  """Trains or loads the models and decodes every cell at every batch size; returns
-  (trained models, results, examples, layout, train_or_load seconds)."""
+  """Trains or loads the models, fits the calibrated cells on the calibration split
+  (calibration.py) and decodes every cell at every batch size; returns (trained models,
+  results, examples, layout, train_or_load seconds, calibration records)."""
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   started = time.perf_counter()
@@ -173,18 +187,25 @@ def decode_all(study_config, workdir, *, log=print):
   bar = tqdm(total=len(cells) * sum(-(-len(examples) // b) for b in batch_sizes),
              desc="decoding", unit="batch")
   repeats = int(study_config.eval.get("timing_repeats", 1))
+  calibration = {}
+  if calibration_lib.needs_calibration(cells):
+    held = calibration_lib.calibration_examples(
+        models_lib.study_data(study_config, workdir), len(examples),
+        int(study_config.eval.calibration_prompts))
+    cells, calibration = calibration_lib.calibrate_cells(
+        cells, lambda c: runner_cell(c, trained, gen_length, batch_sizes[0]), examples=held,
+        eval_examples=examples, layout=layout, suite=suite, batch_size=batch_sizes[0],
+        tolerance=float(study_config.eval.calibration_tolerance),
+        seed=int(study_config.eval.seed), repeats=repeats)
+    log(calibration_lib.calibration_text(calibration))
   for b in batch_sizes:
-    bound = []
-    for cell in cells:
-      decode, params, setting = bind_cell(cell, trained, gen_length)
-      bound.append(runner.Cell(decode, params, cell["method"], cell["label"], setting, b,
-                               task_tags=bool(cell.get("task_tags"))))
+    bound = [runner_cell(cell, trained, gen_length, b) for cell in cells]
     bar.set_postfix_str(f"batch {b}: {len(bound)} cells, interleaved")
     results += runner.run_cells(bound, layout=layout, suite=suite, examples=examples,
                                 prompt_len=layout.prompt_len, seed=int(study_config.eval.seed),
                                 repeats=repeats, on_batch=lambda: bar.update(1))
   bar.close()
-  return trained, results, examples, layout, train_s
+  return trained, results, examples, layout, train_s, calibration
 
 
 def judge(study_config, results, platform: str) -> dict:
@@ -202,7 +223,8 @@ def run(study_config, workdir, *, log=print) -> dict:
     return run_tradeoff(study_config, workdir, log=log)
   workdir = Path(workdir)
   started = time.perf_counter()
-  trained, results, examples, layout, train_s = decode_all(study_config, workdir, log=log)
+  trained, results, examples, layout, train_s, calibration = decode_all(study_config, workdir,
+                                                                        log=log)
   gen_length = layout.seq_len - layout.prompt_len
 
   machine = accounting.machine_info()
@@ -214,7 +236,7 @@ def run(study_config, workdir, *, log=print) -> dict:
       results, machine=machine, config=json.loads(study_config.to_json()),
       extra={"verdict": v, "roofline": bound, "gen_length": gen_length, "prompt_len": layout.prompt_len,
              "num_prompts": len(examples), "train_or_load_s": train_s,
-             "total_s": time.perf_counter() - started})
+             "calibration": calibration, "total_s": time.perf_counter() - started})
   accounting.validate_json(doc)
   verdict_lib.check_recomputes(doc)
   table = report.markdown_table(results, baseline="ar")
@@ -222,6 +244,8 @@ def run(study_config, workdir, *, log=print) -> dict:
   if by_task:
     table += "\n\n" + by_task
   text = f"{table}\n\n{verdict_lib.verdict_text(v)}\n\n{roofline_text(bound)}\n"
+  if calibration:
+    text += "\n" + calibration_lib.calibration_text(calibration) + "\n"
   (workdir / "study.md").write_text(text)
   (workdir / "study.json").write_text(json.dumps(doc, indent=1))
   report.pareto_plot(results, str(workdir / "study_pareto.png"),
@@ -239,7 +263,7 @@ def run_tradeoff(study_config, workdir, *, log=print) -> dict:
   the cells) and tradeoff.png (the curves); returns the JSON."""
   workdir = Path(workdir)
   started = time.perf_counter()
-  _, results, examples, layout, train_s = decode_all(study_config, workdir, log=log)
+  _, results, examples, layout, train_s, _ = decode_all(study_config, workdir, log=log)
   machine = accounting.machine_info()
   config = json.loads(study_config.to_json())
   training = {name: models_lib.train_record(workdir, name) for name in study_config.models}

@@ -8,8 +8,10 @@ Every claim in CLAIMS is judged on the batch-1 cells of its method against one b
 (AR, or vanilla LLaDA: steps = G, low-confidence remasking), and nothing is filtered away:
 every judged cell is stored with its figures. A claim judged on the headline task takes its
 accuracy AND its speed from that task's prompts (each batch-1 prompt is timed on its own, so
-`per_task_time` holds every task's own tokens, time and forwards); a claim on the mixed suite
-("all tasks") uses every prompt. A cell's speedup over its baseline splits into
+`per_task_time` holds every task's own tokens, time, forwards and loop steps); a claim on the
+mixed suite ("all tasks") uses every prompt. The lossless hybrid takes its accuracy from every
+prompt (AR's answers exactly, everywhere) and its speed and tokens per verifier forward from
+the headline task's (the claim is about long answers). A cell's speedup over its baseline splits into
 measured factors,
 
     speedup = tokens_ratio * nfe_ratio / forward_cost_ratio,
@@ -43,7 +45,8 @@ Schema (study.json "verdict"): {task, ar, llada_vanilla, accelerated_ar (its lab
 configured, or null), platform, batch_size: 1, claims: [
   {id, text, method, baseline (label), threshold {speedup, speedup_strict,
    accuracy_tolerance_points, exact_accuracy[, tokens_per_verifier_forward]
-   [, premise_d2f_loss_points]}, published, accuracy_on (task or "all tasks"), gen_length (the
+   [, premise_d2f_loss_points]}, published, accuracy_on (task or "all tasks"), speed_on
+   (likewise; absent from documents written before it), gen_length (the
    baseline's G), baseline_setting, cells [per judged cell: label, method, speedup,
    speedup_median, accuracy, accuracy_delta_points, num_correct, tokens_ratio, nfe_ratio,
    forward_cost_ratio, speedup_at_equal_forward_cost, nfe_per_prompt, speed_on (the task
@@ -80,7 +83,9 @@ class Claim:
   """One published claim: `method` at >= `speedup` x the `baseline`'s tokens/s, with accuracy
   at most `tolerance_points` below it (0 with `exact`: the same number of correct answers).
 
-  `accuracy_on`: "task" (the headline task) or "all" (every prompt: the mixed suite).
+  `accuracy_on`: "task" (the headline task) or "all" (every prompt: the mixed suite);
+  `speed_on`: the same choice for tokens/s, forwards and tokens per verifier forward (None:
+  as accuracy_on).
   `tokens_per_verifier_forward`: the lossless-hybrid bar on response tokens per AR-verifier
   forward. `premise_d2f_loss_points`: adaptive switching is judged only where the most accurate
   D2F cell loses more than this to AR. `exclude_drafters`: cells whose setting's "drafter"
@@ -94,6 +99,7 @@ class Claim:
   tolerance_points: float
   published: str
   accuracy_on: str = "task"
+  speed_on: str | None = None
   strict_speedup: bool = False  # "faster than": speedup > threshold, not >=
   exact: bool = False
   tokens_per_verifier_forward: float | None = None
@@ -129,7 +135,8 @@ CLAIMS = (
     Claim("lossless_hybrid", "Speculative (D2F drafter, AR verifier): AR's accuracy exactly, "
           ">= 5 response tokens per AR-verifier forward, >= 1.2x AR tokens/s", "speculative",
           "ar", 1.2, 0.0, "DFlash: 6.2x lossless on Qwen3-8B; TiDAR 4.71-5.91x over AR (H100, "
-          "batch 1)", accuracy_on="all", exact=True, tokens_per_verifier_forward=5.0,
+          "batch 1)", accuracy_on="all", speed_on="task", exact=True,
+          tokens_per_verifier_forward=5.0,
           exclude_drafters=("ar",)),
     Claim("adaptive_switching", "Adaptive switching: within 1 point of AR accuracy on the "
           "mixed suite, where D2F alone loses > 5 points, and faster than AR", "adaptive", "ar",
@@ -168,6 +175,7 @@ class _Speed:
   wall_median_s: float
   nfe_per_prompt: float | None
   scope: str  # the task, or "all tasks"
+  loop_steps: int | None = None  # decode-loop steps (a speculative round: one verifier forward)
 
   @property
   def tokens_per_s(self):
@@ -188,17 +196,24 @@ def speed_on(r: MethodResult, task: str | None) -> _Speed:
   timed = r.per_task_time.get(task) if task is not None else None
   if timed and len(timed) >= 5 and timed[4] == _counts(r, task)[1] and timed[1] > 0:
     tokens, wall, nfe, median, prompts = timed[:5]
+    steps = int(timed[5]) if len(timed) > 5 else None
     return _Speed(int(tokens), int(prompts), float(wall), float(median),
-                  _ratio(nfe * r.batch_size, prompts), task)
+                  _ratio(nfe * r.batch_size, prompts), task, steps)
   return _Speed(r.response_tokens, r.num_prompts, r.wall_s, r.wall_median_s,
-                r.nfe_per_prompt, "all tasks")
+                r.nfe_per_prompt, "all tasks", r.loop_steps)
 
 
-def compare(r: MethodResult, base: MethodResult, task: str | None) -> dict:
+_SAME = object()
+
+
+def compare(r: MethodResult, base: MethodResult, task: str | None,
+            speed_task: str | None = _SAME) -> dict:
   """The figures of cell `r` against `base`: speedup, its split, accuracy delta (points).
-  With a `task`, speed as well as accuracy is measured on that task's prompts (`speed_on`)."""
+  With a `task`, accuracy is measured on that task's prompts, and so is speed (`speed_on`)
+  unless `speed_task` names another scope (None: every prompt)."""
   correct, total = _counts(r, task)
-  sr, sb = speed_on(r, task), speed_on(base, task)
+  speed_task = task if speed_task is _SAME else speed_task
+  sr, sb = speed_on(r, speed_task), speed_on(base, speed_task)
   tokens_ratio = _ratio(_ratio(sr.tokens, sr.prompts), _ratio(sb.tokens, sb.prompts))
   nfe_ratio = _ratio(sb.nfe_per_prompt, sr.nfe_per_prompt)
   cost = _ratio(_ratio(sr.latency_per_prompt_s, sr.nfe_per_prompt),
@@ -215,8 +230,8 @@ def compare(r: MethodResult, base: MethodResult, task: str | None) -> dict:
          "nfe_per_prompt": sr.nfe_per_prompt,
          "speed_on": sr.scope if sr.scope == sb.scope else "mixed"}
   if r.method == "speculative":  # one AR-verifier forward per round (DecodeOutput.steps)
-    out["tokens_per_verifier_forward"] = _ratio(r.response_tokens,
-                                                r.loop_steps * r.batch_size)
+    out["tokens_per_verifier_forward"] = _ratio(
+        sr.tokens, None if sr.loop_steps is None else sr.loop_steps * r.batch_size)
     out["draft_length"] = r.setting.get("draft_length")
   return out
 
@@ -226,9 +241,10 @@ VS_ACCELERATED_AR = ("speedup", "speedup_median", "accuracy_delta_points", "nfe_
                      "forward_cost_ratio", "tokens_ratio", "speedup_at_equal_forward_cost")
 
 
-def versus_accelerated_ar(r: MethodResult, accelerated: MethodResult, task: str | None) -> dict:
+def versus_accelerated_ar(r: MethodResult, accelerated: MethodResult, task: str | None,
+                          speed_task: str | None = _SAME) -> dict:
   """Cell `r`'s speed and accuracy figures against the accelerated AR cell (`compare`)."""
-  full = compare(r, accelerated, task)
+  full = compare(r, accelerated, task, speed_task)
   return {"baseline": accelerated.label, **{k: full[k] for k in VS_ACCELERATED_AR}}
 
 
@@ -273,10 +289,12 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
   """One claim's entry (module docstring); `accelerated`: the accelerated AR cell every
   judged cell is also set against (figures only: the status is judged against `base`)."""
   accuracy_task = task if claim.accuracy_on == "task" else None
+  speed_task = task if (claim.speed_on or claim.accuracy_on) == "task" else None
   entry = {"id": claim.id, "text": claim.text, "method": claim.method,
            "baseline": base_label, "threshold": claim.threshold(),
            "published": claim.published,
            "accuracy_on": task if accuracy_task else "all tasks",
+           "speed_on": task if speed_task else "all tasks",
            "gen_length": None if base is None else base.setting.get("gen_length"),
            "baseline_setting": None if base is None else dict(base.setting),
            "cells": [], "figure": None, "premise": None, "status": NOT_MEASURED,
@@ -291,10 +309,11 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
     return done(NOT_MEASURED, f"no {claim.method} cell at batch 1 in this run")
   if base is None:
     return done(NOT_MEASURED, f"no baseline cell {base_label!r} at batch 1 in this run")
-  rows = [compare(r, base, accuracy_task) for r in cells]
+  rows = [compare(r, base, accuracy_task, speed_task) for r in cells]
   if accelerated is not None:
     for r, row in zip(cells, rows):
-      row["vs_accelerated_ar"] = versus_accelerated_ar(r, accelerated, accuracy_task)
+      row["vs_accelerated_ar"] = versus_accelerated_ar(r, accelerated, accuracy_task,
+                                                       speed_task)
   entry["cells"] = rows
   accurate = [c for c in rows if _accurate(claim, c, base)]
   speed = lambda c: -1.0 if c["speedup"] is None else c["speedup"]  # noqa: E731
@@ -334,7 +353,7 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
                 "accuracy_delta_points", fig["accuracy_delta_points"])
 
   bar = claim.tokens_per_verifier_forward
-  base_speed = speed_on(base, accuracy_task)
+  base_speed = speed_on(base, speed_task)
   if bar is not None:
     per_prompt = base_speed.tokens / max(base_speed.prompts, 1)
     if per_prompt < bar:
@@ -441,6 +460,14 @@ def _cell_line(c: dict, base: str) -> str:
   return line + _vs_accelerated(c)
 
 
+def _scopes(accuracy_on: str, speed_on: str, task: str) -> str:
+  """How the figure line names what its accuracy and speed were measured on."""
+  if accuracy_on == task:
+    return "" if speed_on == "all tasks" else f", speed on {speed_on} prompts"
+  speed = speed_on if speed_on == "all tasks" else f"{speed_on} prompts"
+  return f", accuracy on {accuracy_on}, speed on {speed}"
+
+
 def verdict_text(v: dict) -> str:
   """The printed report: each claim's status, figure and reason, then its cells (each set of
   cells once: the 10x and 50x LLaDA claims share theirs)."""
@@ -455,7 +482,7 @@ def verdict_text(v: dict) -> str:
       lines.append(f"    figure: {fig['label']}: {_x(fig['speedup'])}, accuracy "
                    f"{_fmt(fig['accuracy_delta_points'], '+.1f')} points"
                    + (f" (G={c['gen_length']})" if c["gen_length"] else "")
-                   + ("" if on == "all tasks" else f", speed on {on} prompts")
+                   + _scopes(c.get("accuracy_on", v["task"]), on, v["task"])
                    + _vs_accelerated(fig))
     lines.append(f"    {c['reason']}")
     lines.append(f"    published: {c['published']}")
