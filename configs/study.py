@@ -29,7 +29,7 @@ Modes:
          model with Dream's shifted logits (AR-to-diffusion adaptation: measured on long
          addition, 1500 steps reach the masked-token accuracy the from-scratch MDM needs
          ~3400 for, BENCHMARKS.md section 1); the D2F student (block 16) starts from it.
-         Training takes ~10 of the 15 minutes (AR 900 steps, MDM 1300, student 600).
+         Training takes ~11 of the 15 minutes (AR 900 steps, MDM 1500, student 700).
          A compact grid (DEFAULT_CELLS); the task-tagged adaptive cell's tag -> mode map is
          fitted on a calibration split (below).
   short  two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16): the regime where
@@ -92,11 +92,11 @@ MIXED = "long_addition:2:3,sorting:1,arithmetic:1,running_sum:1"
 DATA = {"": (MIXED, 8, 16), "short": ("arithmetic:1", 16, 4),
         "long": ("long_addition:2", 8, 16),
         "full": ("long_addition:2,long_addition:3,long_addition:4", 16, 16)}
-# The default's budget (15 minutes on 2 cores, install included, ~10 of them training): the AR
+# The default's budget (15 minutes on 2 cores, install included, ~11 of them training): the AR
 # model learns long addition in ~700 steps; the MDM adapted from it learns in half the steps
 # the from-scratch MDM needs (BENCHMARKS.md section 1); the student's drafts need only be good
 # enough for AR to accept long runs of them (the lossless hybrid).
-STEPS = {"": {"ar": 900, "mdm": 1300, "d2f": 600},
+STEPS = {"": {"ar": 900, "mdm": 1500, "d2f": 700},
          "short": {"ar": 1500, "mdm": 1000, "d2f": 1000},
          "long": {"ar": 1500, "mdm": 6000, "d2f": 1500},
          "full": {"ar": 20000, "mdm": 40000, "d2f": 10000}}
@@ -104,8 +104,8 @@ STEPS = {"": {"ar": 900, "mdm": 1300, "d2f": 600},
 # AR model's next-token predictions sit where the MDM reads slot i: at i - 1).
 FROM_AR = ("", "short")
 # Train records per mode where the default (200k) is more than the models see: the default
-# mode's MDM sees 1300 x 64 = 83k examples, and writing 200k records costs ~40 s.
-TRAIN_SIZE = {"": 83_200}
+# mode's MDM sees 1500 x 64 = 96k examples, and writing 200k records costs ~40 s.
+TRAIN_SIZE = {"": 96_000}
 HEADLINE = {"": "long_addition", "short": "arithmetic", "long": "long_addition",
             "full": "long_addition"}
 # The default mode's grid (a 15-minute budget: each cell compiles once): one cell per decoder
