@@ -37,7 +37,7 @@ Modes:
          until 2026-12-02). The MDM starts from the trained AR model with Dream's shifted
          logits: its masked-token eval accuracy is 97.9% after 500 steps and 98.7% after
          1000, where the from-scratch MDM reached 95.1% after 3000 (BENCHMARKS.md section
-         1c). The accelerated AR baseline's narrow drafter `ar_draft` trains here too.
+         1b). The accelerated AR baseline's narrow drafter `ar_draft` trains here too.
   long   three-digit addition worked column by column (`long_addition:2`, 31-character
          answers, G = 32): the regime the published D2F ratios come from. Its MDM trains from
          scratch and needs far more steps, so this mode takes ~35 minutes on 2 idle CPU cores.

@@ -168,12 +168,17 @@ def test_resolve_options():
     study.resolve_options({"steps_fraction": 0}, 16)
 
 
-def _micro_config():
+def _study_config(mode: str) -> config_dict.ConfigDict:
+  """An unlocked copy of configs/study.py's config of `mode`."""
   spec = importlib.util.spec_from_file_location("study_cfg", os.path.join(ROOT, "configs",
                                                                           "study.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  c = config_dict.ConfigDict(module.get_config("short").to_dict())
+  return config_dict.ConfigDict(module.get_config(mode).to_dict())
+
+
+def _micro_config():
+  c = _study_config("short")
   _shrink_models(c)
   c.data.train_size, c.data.eval_size = 64, 16
   c.eval.num_prompts = 3
@@ -254,11 +259,7 @@ def test_default_study_calibrates_its_task_tags_on_held_out_prompts(tmp_path):
   stored cells give."""
   from dllm_jax.decoding import adaptive_calibration
   from dllm_jax.study import calibration
-  spec = importlib.util.spec_from_file_location("study_cfg", os.path.join(ROOT, "configs",
-                                                                          "study.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = config_dict.ConfigDict(module.get_config("").to_dict())
+  c = _study_config("")
   _shrink_models(c)
   c.data.train_size, c.data.eval_size = 64, 40
   c.eval.num_prompts, c.eval.calibration_prompts, c.eval.timing_repeats = 4, 24, 1
