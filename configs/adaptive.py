@@ -5,6 +5,10 @@ thresholds, the task-tag map, and how `experiments/calibrate_adaptive.py` re-fit
       --target /tmp/ar_tiny --drafter /tmp/d2f_tiny \
       --calibration calib.jsonl --eval eval.jsonl --out adaptive_thresholds.json
 
+Calibration rows that name their "task" also get the task-tag map fitted (per task, the
+mode of parallel / verify / AR with the most tokens per forward within `calibrate.tolerance`
+of AR's accuracy: `adaptive_calibration.calibrate_task_modes`).
+
 `decode` holds every `adaptive_generate` option (pass them as `generate(...,
 method="adaptive", **decode)` with the drafter's params and config); the four thresholds are
 traced (sweeping them never recompiles). The calibration script replaces them with the

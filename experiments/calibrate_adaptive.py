@@ -10,6 +10,11 @@ must not occur in --eval (an error otherwise); pass --eval=none only when no eva
 exists. Writes the chosen thresholds, their accuracy and tokens per forward beside AR's, and
 every trial, as JSON (`CalibrationResult.to_json`); the "options" entry goes straight into
 `generate(..., method="adaptive", **options)` or the config's `decode`.
+
+When every calibration row also names its "task", the task-tag map is fitted too
+(`calibrate_task_modes`: per task, the mode of parallel / verify / AR with the most tokens per
+forward within the tolerance of AR's accuracy on that task's rows): "options" then carries
+`task_modes`, and "task_modes" holds its per-task figures.
 """
 
 import json
@@ -34,11 +39,13 @@ _OUT = flags.DEFINE_string("out", "adaptive_thresholds.json", "where to write th
 
 
 def read_split(path):
+  """(prompts, answers, tasks): tasks is None unless every row names its "task"."""
   with open(path) as f:
     rows = [json.loads(line) for line in f if line.strip()]
   if not rows or not all("prompt" in r and "answer" in r for r in rows):
     raise ValueError(f"{path}: expected JSON lines with 'prompt' and 'answer' fields.")
-  return [r["prompt"] for r in rows], [r["answer"] for r in rows]
+  tasks = [r["task"] for r in rows] if all("task" in r for r in rows) else None
+  return [r["prompt"] for r in rows], [r["answer"] for r in rows], tasks
 
 
 def main(argv):
@@ -46,7 +53,7 @@ def main(argv):
   c = _CONFIG.value
   target = loading.load_model(_TARGET.value, "ar")
   drafter = loading.load_model(_DRAFTER.value, "d2f")
-  prompts, answers = read_split(_CALIB.value)
+  prompts, answers, tasks = read_split(_CALIB.value)
   eval_prompts = None if _EVAL.value == "none" else read_split(_EVAL.value)[0]
   calib.check_disjoint(prompts, eval_prompts)  # on the text, before any decoding
   tok = target.tokenizer
@@ -63,8 +70,17 @@ def main(argv):
                            grid={k: list(v) for k, v in c.calibrate.grid.items()},
                            tolerance=c.calibrate.tolerance,
                            drafter_cost=c.calibrate.drafter_cost, score=score)
+  written = json.loads(result.to_json())
+  if tasks is not None:
+    fitted = calib.calibrate_task_modes(
+        decode, ar_decode, ids, answers, tasks, eval_prompts=eval_ids,
+        thresholds=result.options, tolerance=c.calibrate.tolerance,
+        drafter_cost=c.calibrate.drafter_cost, score=score)
+    written["options"]["task_modes"] = fitted.task_modes
+    written["task_modes"] = json.loads(fitted.to_json())
+    print(f"task modes {fitted.task_modes}")
   with open(_OUT.value, "w") as f:
-    f.write(result.to_json())
+    json.dump(written, f, indent=2)
   print(f"chosen {result.options}: accuracy {result.chosen.accuracy:.3f} (AR "
         f"{result.ar_accuracy:.3f}), {result.chosen.tokens_per_forward:.2f} tokens per "
         f"forward (AR {result.ar_tokens_per_forward:.2f}); wrote {_OUT.value}")

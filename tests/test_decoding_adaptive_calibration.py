@@ -115,3 +115,66 @@ def test_choose_task_modes_takes_the_fastest_mode_within_tolerance():
     calib.choose_task_modes({"sums": 1.0}, {"parallel": {"sums": (0.4, 50.0)}})
   with pytest.raises(ValueError, match="trials must map modes of"):
     calib.choose_task_modes(ar_accuracy, {"fast": trials["ar"]})
+
+
+def test_calibrate_task_modes_by_hand():
+  """A constructed decoder whose figures depend on each row's forced mode: "copy" rows are
+  right in every mode (parallel commits 4 tokens per forward), "sums" rows are wrong in
+  parallel; the map is the most tokens per forward within tolerance, per task."""
+  prompts, answers = [[1], [2], [3], [4]], [[10], [11], [12], [13]]
+  tasks = ["copy", "sums", "copy", "sums"]
+  per_row = {"parallel": (4, 0, 1), "verify": (2, 1, 1), "ar": (1, 1, 0)}  # tokens, tf, df
+  seen = []
+
+  def decode(thresholds, p, tasks=None, task_modes=None):
+    seen.append((tuple(tasks), dict(task_modes)))
+    rows = [prompts.index(x) for x in p]
+    responses = []
+    for r, t in zip(rows, tasks):
+      mode = task_modes[t]
+      responses.append(answers[r] if (mode != "parallel" or t == "copy") else [0])
+    tokens, tf, df = per_row[task_modes[tasks[0]]]
+    return calib.Decoded(responses, tokens * len(p), tf * len(p), df * len(p))
+
+  def ar_decode(p):
+    return calib.Decoded([answers[prompts.index(x)] for x in p], len(p), len(p), 0)
+
+  result = calib.calibrate_task_modes(decode, ar_decode, prompts, answers, tasks,
+                                      eval_prompts=[[9]])
+  assert result.task_modes == {"copy": "parallel", "sums": "verify"}  # 4.0 / 1.0 vs 1.0
+  assert result.trials["parallel"]["sums"] == (0.0, 4.0)
+  assert result.trials["verify"]["copy"] == (1.0, 1.0)
+  assert result.ar_accuracy == {"copy": 1.0, "sums": 1.0}
+  # Every decode forces one mode on every tag, on one task's rows.
+  assert all(len(set(modes.values())) == 1 and len(set(t)) == 1 for t, modes in seen)
+  # A drafter forward at 3 target forwards: verify 2 / 4 = 0.5 < AR's 1.0 on "sums".
+  costly = calib.calibrate_task_modes(decode, ar_decode, prompts, answers, tasks,
+                                      eval_prompts=None, drafter_cost=3.0)
+  assert costly.task_modes["sums"] == "ar"
+  assert json.loads(costly.to_json())["task_modes"] == costly.task_modes
+  with pytest.raises(ValueError, match="one task per calibration prompt"):
+    calib.calibrate_task_modes(decode, ar_decode, prompts, answers, tasks[:3],
+                               eval_prompts=None)
+  with pytest.raises(ValueError, match="also evaluation prompts"):
+    calib.calibrate_task_modes(decode, ar_decode, prompts, answers, tasks,
+                               eval_prompts=[[2]])
+
+
+@pytest.mark.slow
+def test_calibrate_task_modes_on_tiny_models_keeps_ar_accuracy():
+  """Answers are the target's greedy outputs; an unrelated drafter's parallel commits are
+  wrong, so every task gets a mode with AR's accuracy (verify or AR: both are exact)."""
+  from test_decoding_speculative import CFG, G, K, PROMPTS as P3, batch_of, random_params
+  target, drafter = random_params(CFG, 0, 0.3), random_params(CFG, 1, 0.3)
+  tokens, valid = batch_of(P3)
+  ref = ar.ar_generate(target, CFG, tokens, valid, gen_length=G)
+  answers = [np.asarray(ref.tokens[r, :int(ref.lengths[r])]).tolist() for r in range(3)]
+  decode, ar_decode = calib.model_decoders(target, CFG, drafter, CFG, batch_size=4,
+                                           gen_length=G, draft_length=K)
+  result = calib.calibrate_task_modes(decode, ar_decode, P3, answers, ["a", "b", "a"],
+                                      eval_prompts=None)
+  assert set(result.task_modes) == {"a", "b"}
+  assert set(result.task_modes.values()) <= {"verify", "ar"}
+  for mode in ("verify", "ar"):
+    assert all(result.trials[mode][t][0] == 1.0 for t in ("a", "b"))
+  assert result.trials["parallel"]["a"][0] < 1.0 or result.trials["parallel"]["b"][0] < 1.0

@@ -19,7 +19,8 @@ grid order on ties. `calibrate` refuses a calibration split that shares a prompt
 evaluation prompts.
 
 The task-tag map (`task_modes`) is fitted the same way, one task at a time
-(`choose_task_modes`): each mode of CALIBRATED_MODES is forced on the task's calibration
+(`calibrate_task_modes`, by tokens per forward; the study's calibration step by measured
+tokens/s; both choose with `choose_task_modes`): each mode of CALIBRATED_MODES is forced on the task's calibration
 prompts (its tag mapped to that mode), and the task gets the fastest mode whose accuracy is
 within `tolerance` of AR's on those prompts. "ar" is AR itself, so some mode always
 qualifies.
@@ -184,6 +185,55 @@ def choose_task_modes(ar_accuracy: Mapping[str, float],
   return chosen
 
 
+@dataclasses.dataclass(frozen=True)
+class TaskModesResult:
+  """The chosen tag -> mode map, AR's accuracy per task and every (mode, task) trial."""
+  task_modes: dict
+  ar_accuracy: dict
+  trials: dict  # {mode: {task: (accuracy, tokens per forward)}}
+  tolerance: float
+  drafter_cost: float
+
+  def to_json(self) -> str:
+    return json.dumps(dataclasses.asdict(self), indent=2)
+
+
+def calibrate_task_modes(decode: Callable, ar_decode: Callable, prompts: Sequence,
+                         answers: Sequence, tasks: Sequence[str], *,
+                         eval_prompts: Sequence | None, thresholds: Mapping | None = None,
+                         tolerance: float = 0.0, drafter_cost: float = 1.0,
+                         score: Callable = exact_match) -> TaskModesResult:
+  """Fits the tag -> mode map on the calibration split (module docstring).
+
+  Each task's prompts are decoded by AR and, for every mode of CALIBRATED_MODES, with every
+  tag mapped to that mode (`decode(thresholds, prompts, tasks=, task_modes=)`, as
+  `model_decoders` gives); a mode's speed is its tokens per forward (drafter forwards at
+  `drafter_cost`), the figure `calibrate` ranks thresholds by. `thresholds` (the rule's) are
+  passed through; forced rows do not read them.
+  """
+  if not (len(prompts) == len(answers) == len(tasks)) or not prompts:
+    raise ValueError(f"need one answer and one task per calibration prompt and at least one "
+                     f"prompt; got {len(prompts)} prompts, {len(answers)} answers and "
+                     f"{len(tasks)} tasks.")
+  base.check_number("drafter_cost", drafter_cost, low=0.0)
+  check_disjoint(prompts, eval_prompts)
+  names = sorted(set(tasks))
+  thresholds = dict(thresholds or {})
+  ar_accuracy, trials = {}, {m: {} for m in CALIBRATED_MODES}
+  for task in names:
+    rows = [i for i, t in enumerate(tasks) if t == task]
+    p, a = [prompts[i] for i in rows], [answers[i] for i in rows]
+    accuracy = lambda d: float(np.mean([bool(score(r, x)) for r, x in zip(d.responses, a)]))
+    ar_accuracy[task] = accuracy(ar_decode(p))
+    for mode in CALIBRATED_MODES:
+      out = decode(thresholds, p, tasks=[task] * len(p),
+                   task_modes={t: mode for t in names})
+      trials[mode][task] = (accuracy(out), per_forward(out.committed, out.target_forwards,
+                                                       out.drafter_forwards, drafter_cost))
+  return TaskModesResult(choose_task_modes(ar_accuracy, trials, tolerance=tolerance),
+                         ar_accuracy, trials, tolerance, drafter_cost)
+
+
 def calibrate(decode: Callable, ar_decode: Callable, prompts: Sequence, answers: Sequence, *,
               eval_prompts: Sequence | None, grid: Mapping[str, Sequence] = DEFAULT_GRID,
               tolerance: float = 0.01, drafter_cost: float = 1.0,
@@ -241,13 +291,14 @@ def model_decoders(target_params, target_cfg, drafter_params, drafter_cfg, *,
   """
   gen_length = options.get("gen_length", base.GEN_LENGTH)
 
-  def batches(prompts):
+  def batches(prompts, tasks=None):
     tokens, valid = base.pad_prompts([list(p) for p in prompts],
                                      base.output_pad_id(target_cfg))
     n = len(prompts)
     for start in range(0, n, batch_size):
       rows = np.arange(start, start + batch_size).clip(max=n - 1)
-      yield tokens[rows], valid[rows], min(batch_size, n - start)
+      row_tasks = None if tasks is None else [tasks[r] for r in rows]
+      yield tokens[rows], valid[rows], min(batch_size, n - start), row_tasks
 
   def collect(outs):
     responses, committed, tf, df = [], 0, 0, 0
@@ -258,16 +309,19 @@ def model_decoders(target_params, target_cfg, drafter_params, drafter_cfg, *,
       tf, df = tf + target_f, df + drafter_f
     return Decoded(responses, committed, tf, df)
 
-  def decode(thresholds, prompts):
-    def run(tokens, valid, used):
+  def decode(thresholds, prompts, tasks=None, task_modes=None):
+    """`tasks`: one tag per prompt; `task_modes` replaces the options' tag map."""
+    modes = {} if task_modes is None else {"task_modes": dict(task_modes)}
+    def run(tokens, valid, used, row_tasks):
       out, st = adaptive.adaptive_generate(
           target_params, target_cfg, tokens, valid, drafter_params=drafter_params,
-          drafter_cfg=drafter_cfg, return_stats=True, **options, **thresholds)
+          drafter_cfg=drafter_cfg, return_stats=True, tasks=row_tasks,
+          **{**options, **modes}, **thresholds)
       return out, used, int(st.target_forwards), int(st.drafter_forwards)
-    return collect(run(*b) for b in batches(prompts))
+    return collect(run(*b) for b in batches(prompts, tasks))
 
   def ar_decode(prompts):
-    def run(tokens, valid, used):
+    def run(tokens, valid, used, _):
       out = ar.ar_generate(target_params, target_cfg, tokens, valid, gen_length=gen_length)
       return out, used, int(out.nfe), 0
     return collect(run(*b) for b in batches(prompts))
