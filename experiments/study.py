@@ -42,7 +42,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   try:
     study.run(_CONFIG.value, _WORKDIR.value or study.default_workdir(_CONFIG.value))
-  except CheckpointError as e:  # a cached model of another config: what differs, and the fix
+  except (CheckpointError, study.StudyConfigError) as e:  # what is wrong, and the fix
     sys.exit(f"experiments/study.py: {e}")
 
 

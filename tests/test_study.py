@@ -4,6 +4,8 @@ import dataclasses
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 import time
 
 import jax
@@ -289,6 +291,25 @@ def test_default_study_calibrates_its_task_tags_on_held_out_prompts(tmp_path):
     calibration.calibrate_cells(c.methods, None, examples=held, eval_examples=held[:1],
                                 layout=None, suite=None, batch_size=1, tolerance=0.0, seed=0,
                                 repeats=1)
+
+
+def test_a_calibration_split_the_eval_split_cannot_hold_is_refused_before_training(tmp_path):
+  """Named before any model trains (not after ten minutes), and one line from the CLI."""
+  c = _study_config("")
+  c.data.eval_size = 100
+  with pytest.raises(study.StudyConfigError, match=r"eval.num_prompts=160 evaluation prompts "
+                                                   r"plus eval.calibration_prompts=192 .*"
+                                                   r"data.eval_size=100"):
+    study.run(c, tmp_path / "w", log=lambda *_: None)
+  assert not (tmp_path / "w").exists()
+  script = os.path.join(ROOT, "experiments", "study.py")
+  proc = subprocess.run([sys.executable, script, "--config.data.eval_size=100",
+                         f"--workdir={tmp_path}/w"], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "experiments/study.py: eval.num_prompts=160 evaluation prompts")
+  assert not (tmp_path / "w").exists()
 
 
 def test_bind_cell_refuses_an_uncalibrated_cell():

@@ -163,6 +163,24 @@ def default_workdir(study_config) -> str:
   return f"runs/study_{mode}" if mode else "runs/study"
 
 
+class StudyConfigError(ValueError):
+  """A study config that cannot run, named before any model is trained."""
+
+
+def check_config(study_config) -> None:
+  """Raises StudyConfigError for what would otherwise fail only after training: a calibration
+  split (eval-split records after the evaluation prompts) that the eval split cannot hold."""
+  if calibration_lib.needs_calibration(study_config.methods):
+    n = int(study_config.eval.num_prompts)
+    k = int(study_config.eval.calibration_prompts)
+    size = int(study_config.data.eval_size)
+    if k < 1 or n + k > size:
+      raise StudyConfigError(
+          f"eval.num_prompts={n} evaluation prompts plus eval.calibration_prompts={k} "
+          f"calibration prompts need that many eval-split records, and data.eval_size={size}; "
+          "raise data.eval_size or lower the two (calibration_prompts >= 1).")
+
+
 def runner_cell(cell: dict, trained: dict, gen_length: int, batch_size: int) -> runner.Cell:
   decode, params, setting = bind_cell(cell, trained, gen_length)
   return runner.Cell(decode, params, cell["method"], cell["label"], setting, batch_size,
@@ -173,6 +191,7 @@ def decode_all(study_config, workdir, *, log=print):
   """Trains or loads the models, fits the calibrated cells on the calibration split
   (calibration.py) and decodes every cell at every batch size; returns (trained models,
   results, examples, layout, train_or_load seconds, calibration records)."""
+  check_config(study_config)
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   started = time.perf_counter()
