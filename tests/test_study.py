@@ -287,6 +287,11 @@ def test_default_study_calibrates_its_task_tags_on_held_out_prompts(tmp_path):
   assert not {e.prompt for e in held} & {e.prompt for e in evaluated}
   with pytest.raises(ValueError, match="raise data.eval_size or lower"):
     calibration.calibration_examples(data, 4, 37)
+  other = [dataclasses.replace(e, prompt=e.prompt + "0", task="between") for e in held[:1]]
+  with pytest.raises(ValueError, match=r"no prompt of tasks \['between'\]"):
+    calibration.calibrate_cells(c.methods, None, examples=held, eval_examples=other,
+                                layout=None, suite=None, batch_size=1, tolerance=0.0, seed=0,
+                                repeats=1)
   with pytest.raises(ValueError, match="calibration prompts are also evaluation prompts"):
     calibration.calibrate_cells(c.methods, None, examples=held, eval_examples=held[:1],
                                 layout=None, suite=None, batch_size=1, tolerance=0.0, seed=0,

@@ -5,7 +5,8 @@ study. Before the evaluation cells run, the study decodes the calibration split 
 `[n_eval, n_eval + eval.calibration_prompts)` of the eval split: held out from training and
 disjoint from the evaluation prompts, checked) with AR and with the cell forced into each
 mode (its task tags mapping every task to that mode: exactly what the evaluated cell runs for
-a task given that mode), timed and scored exactly as the evaluation cells are (`runner.run_cells`, at the study's first batch size). Each task then gets the fastest mode
+a task given that mode), timed and scored exactly as the evaluation cells are
+(`runner.run_cells`, at the study's first batch size). Each task then gets the fastest mode
 within `eval.calibration_tolerance` of AR's accuracy on its calibration prompts
 (`adaptive_calibration.choose_task_modes`), and the cell decodes the evaluation prompts with
 that map. Every figure of the calibration is stored in the study's JSON (`calibration`).
@@ -65,6 +66,11 @@ def calibrate_cells(cells: Sequence[dict], bind: Callable, *, examples: Sequence
   if ar_cell is None:
     raise ValueError(f"calibration needs the AR cell {ar_label!r} as its reference.")
   tasks = sorted({ex.task for ex in examples})
+  unseen = sorted({ex.task for ex in eval_examples} - set(tasks))
+  if unseen:
+    raise ValueError(f"the calibration split has no prompt of tasks {unseen}, which the "
+                     "evaluation prompts have, so no mode can be chosen for them; raise "
+                     "eval.calibration_prompts.")
   out, records = [], {}
   for cell in cells:
     if not cell.get("calibrate"):
