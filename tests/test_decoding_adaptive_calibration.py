@@ -71,10 +71,9 @@ def test_split_and_grid_errors():
   assert calib.check_disjoint(["a b"], ["b a"]) is None  # text prompts compare as text
 
 
-@pytest.mark.slow
-def test_end_to_end_on_tiny_models_keeps_ar_accuracy():
-  """Answers are the target's own greedy outputs (AR accuracy 1): an unrelated drafter's
-  parallel commits are wrong, so the pick is the verified setting."""
+def tiny_decoders():
+  """(decode, ar_decode, prompts, answers) on two unrelated random tiny models: the answers
+  are the target's own greedy outputs (AR accuracy 1)."""
   from test_decoding_speculative import CFG, G, K, PROMPTS as P3, batch_of, random_params
   target, drafter = random_params(CFG, 0, 0.3), random_params(CFG, 1, 0.3)
   tokens, valid = batch_of(P3)
@@ -82,6 +81,14 @@ def test_end_to_end_on_tiny_models_keeps_ar_accuracy():
   answers = [np.asarray(ref.tokens[r, :int(ref.lengths[r])]).tolist() for r in range(3)]
   decode, ar_decode = calib.model_decoders(target, CFG, drafter, CFG, batch_size=4,
                                            gen_length=G, draft_length=K)
+  return decode, ar_decode, P3, answers
+
+
+@pytest.mark.slow
+def test_end_to_end_on_tiny_models_keeps_ar_accuracy():
+  """Answers are the target's own greedy outputs (AR accuracy 1): an unrelated drafter's
+  parallel commits are wrong, so the pick is the verified setting."""
+  decode, ar_decode, P3, answers = tiny_decoders()
   grid = {"parallel_confidence": [0.0, INF], "ar_confidence": [0.0],
           "min_acceptance": [0.0], "trust_streak": [0]}
   result = calib.calibrate(decode, ar_decode, P3, answers, eval_prompts=[[1, 2, 3]],
@@ -164,13 +171,7 @@ def test_calibrate_task_modes_by_hand():
 def test_calibrate_task_modes_on_tiny_models_keeps_ar_accuracy():
   """Answers are the target's greedy outputs; an unrelated drafter's parallel commits are
   wrong, so every task gets a mode with AR's accuracy (verify or AR: both are exact)."""
-  from test_decoding_speculative import CFG, G, K, PROMPTS as P3, batch_of, random_params
-  target, drafter = random_params(CFG, 0, 0.3), random_params(CFG, 1, 0.3)
-  tokens, valid = batch_of(P3)
-  ref = ar.ar_generate(target, CFG, tokens, valid, gen_length=G)
-  answers = [np.asarray(ref.tokens[r, :int(ref.lengths[r])]).tolist() for r in range(3)]
-  decode, ar_decode = calib.model_decoders(target, CFG, drafter, CFG, batch_size=4,
-                                           gen_length=G, draft_length=K)
+  decode, ar_decode, P3, answers = tiny_decoders()
   result = calib.calibrate_task_modes(decode, ar_decode, P3, answers, ["a", "b", "a"],
                                       eval_prompts=None)
   assert set(result.task_modes) == {"a", "b"}

@@ -203,16 +203,12 @@ def speed_on(r: MethodResult, task: str | None) -> _Speed:
                 r.nfe_per_prompt, "all tasks", r.loop_steps)
 
 
-_SAME = object()
-
-
 def compare(r: MethodResult, base: MethodResult, task: str | None,
-            speed_task: str | None = _SAME) -> dict:
+            speed_task: str | None) -> dict:
   """The figures of cell `r` against `base`: speedup, its split, accuracy delta (points).
-  With a `task`, accuracy is measured on that task's prompts, and so is speed (`speed_on`)
-  unless `speed_task` names another scope (None: every prompt)."""
+  Accuracy is measured on `task`'s prompts and speed on `speed_task`'s (`speed_on`); None
+  is every prompt."""
   correct, total = _counts(r, task)
-  speed_task = task if speed_task is _SAME else speed_task
   sr, sb = speed_on(r, speed_task), speed_on(base, speed_task)
   tokens_ratio = _ratio(_ratio(sr.tokens, sr.prompts), _ratio(sb.tokens, sb.prompts))
   nfe_ratio = _ratio(sb.nfe_per_prompt, sr.nfe_per_prompt)
@@ -242,7 +238,7 @@ VS_ACCELERATED_AR = ("speedup", "speedup_median", "accuracy_delta_points", "nfe_
 
 
 def versus_accelerated_ar(r: MethodResult, accelerated: MethodResult, task: str | None,
-                          speed_task: str | None = _SAME) -> dict:
+                          speed_task: str | None) -> dict:
   """Cell `r`'s speed and accuracy figures against the accelerated AR cell (`compare`)."""
   full = compare(r, accelerated, task, speed_task)
   return {"baseline": accelerated.label, **{k: full[k] for k in VS_ACCELERATED_AR}}
@@ -329,7 +325,7 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
     if not d2f:
       return done(NOT_MEASURED, "no d2f cell at batch 1: the premise (D2F alone loses "
                   f"> {claim.premise_d2f_loss_points:g} points) is unmeasured")
-    best = max((compare(r, base, accuracy_task) for r in d2f),
+    best = max((compare(r, base, accuracy_task, accuracy_task) for r in d2f),
                key=lambda c: (_delta(c), speed(c)))
     entry["premise"] = {"best_d2f_label": best["label"],
                         "best_d2f_accuracy_delta_points": best["accuracy_delta_points"]}
