@@ -25,7 +25,8 @@ def test_examples_are_self_consistent(name, level):
     assert ex.task == name and ex.prompt.endswith("=")
     assert task.score(ex.answer, ex), ex
     assert task.score(ex.prompt + ex.answer, ex), ex  # the prompt's '=' is not the last one
-    assert extract_final(ex.answer) == ex.target
+    if name != "addition_sheet":  # one final answer; a sheet has one per line (its own test)
+      assert extract_final(ex.answer) == ex.target
     assert len(ex.prompt) <= task.max_prompt_len(level)
     assert len(ex.answer) <= task.max_answer_len(level)
     tok.encode(ex.prompt + ex.answer)  # every character is in TASK_ALPHABET
@@ -94,6 +95,52 @@ def test_long_addition_hand_case():
   ex = task.generate(Operands(), 2)
   assert ex.prompt == "472+385=" and ex.answer == "2+5+0=07 7+8+0=15 4+3+1=08=857" and ex.target == "857"
   assert task.max_answer_len(2) == len("2+5+0=07 7+8+0=15 4+3+1=08=1857")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_addition_sheet_lines_are_lettered_worked_additions(level):
+  """Each line restates its problem (in the prompt's order, under its letter) and works it
+  exactly as `long_addition` does; the target lists the sums."""
+  problems, digits = get_task("addition_sheet").LEVEL_SPECS[level]
+  long_addition = get_task("long_addition")
+  for ex in _sample("addition_sheet", level, n=100):
+    asked = ex.prompt[:-1].split(" ")
+    lines = ex.answer.split("\n")
+    assert len(asked) == len(lines) == problems
+    sums = []
+    for letter, problem, line in zip("abcdefghijklmnopqrstuvwxyz", asked, lines):
+      assert problem[0] == letter and line.startswith(problem + "=")
+      a, b = problem[1:].split("+")
+      assert len(a) == len(b) == digits and a[0] != "0" != b[0]
+      work = line[len(problem) + 1:]
+      single = Example(f"{a}+{b}=", work, str(int(a) + int(b)), "long_addition")
+      assert long_addition.score(work, single)
+      sums.append(extract_final(work))
+      level_of_digits = {d: lv for lv, d in long_addition.LEVEL_SPECS.items()}.get(digits)
+      if level_of_digits is not None:  # the same worked columns, character for character
+        assert len(work) <= long_addition.max_answer_len(level_of_digits)
+    assert ex.target == " ".join(sums)
+
+
+def test_addition_sheet_hand_case_and_scoring():
+  class Operands:  # a Generator stand-in drawing 472, 385 then 123, 456
+    values = iter([472, 385, 123, 456])
+    def integers(self, lo, hi):
+      assert (lo, hi) == (100, 1000)
+      return next(self.values)
+
+  task = get_task("addition_sheet")
+  ex = task.generate(Operands(), 2)
+  assert ex.prompt == "a472+385 b123+456="
+  assert ex.answer == ("a472+385=2+5+0=07 7+8+0=15 4+3+1=08=857\n"
+                       "b123+456=3+6+0=09 2+5+0=07 1+4+0=05=579")
+  assert ex.target == "857 579"
+  assert task.score("x=857\ny=579\n", ex)  # graded on each line's final answer
+  for bad in ["a=857", "a=857\nb=578", "a=857 b=579", "a=857\nb=579\nc=1", "857 579", ""]:
+    assert not task.score(bad, ex), bad
+  # level 3, the study's --long mode: every answer is at least 128 characters (= tokens)
+  lengths = [len(e.answer) for e in _sample("addition_sheet", 3)]
+  assert min(lengths) >= 128 and max(lengths) == task.max_answer_len(3) == 163
 
 
 def test_exact_scoring_hand_cases():

@@ -15,6 +15,8 @@ string match with `target`; `between` accepts any integer in range, so always sc
 Tasks (difficulty levels 1..5 each):
   arithmetic   +, - and * of multi-digit numbers, with left-to-right and place-value steps
   long_addition  addition worked column by column with carries: long answers (up to 81 chars)
+  addition_sheet  lettered additions, each restated and worked so: very long answers (159-163
+               characters at level 3)
   sorting      sort digits (levels 1-2) or letters (3-5)
   running_sum  prefix sums mod 10; output digit i = output digit i-1 + input digit i
   between      any integer in a small range that straddles a power-of-ten boundary
@@ -237,6 +239,18 @@ class Between(Task):
     return self.check_difficulty(difficulty) + 3
 
 
+def worked_addition(a: int, b: int) -> str:
+  """`a + b` worked column by column, units first: `2+5+0=07 7+8+0=15 4+3+1=08=857` for
+  472 + 385 (each column `da+db+carry=` its two-digit sum, whose tens digit is the next
+  carry; then `=` and the sum). The operands have the same number of digits."""
+  steps, carry = [], 0
+  for da, db in zip(reversed(str(a)), reversed(str(b))):
+    total = int(da) + int(db) + carry
+    steps.append(f"{da}+{db}+{carry}={total:02d}")
+    carry = total // 10
+  return " ".join(steps) + f"={a + b}"
+
+
 class LongAddition(Task):
   """Addition written out column by column, as a pupil would: a long, worked answer.
 
@@ -257,13 +271,7 @@ class LongAddition(Task):
   def _generate(self, rng, difficulty):
     d = self.LEVEL_SPECS[difficulty]
     a, b = (int(rng.integers(10**(d - 1), 10**d)) for _ in range(2))
-    steps, carry = [], 0
-    for da, db in zip(reversed(str(a)), reversed(str(b))):
-      total = int(da) + int(db) + carry
-      steps.append(f"{da}+{db}+{carry}={total:02d}")
-      carry = total // 10
-    target = str(a + b)
-    return f"{a}+{b}=", " ".join(steps) + "=" + target, target
+    return f"{a}+{b}=", worked_addition(a, b), str(a + b)
 
   def max_prompt_len(self, difficulty):
     return 2 * self.LEVEL_SPECS[self.check_difficulty(difficulty)] + 2
@@ -273,8 +281,53 @@ class LongAddition(Task):
     return 9 * d + d + 1  # d steps of 8 and d - 1 spaces, '=', a result of <= d + 1 digits
 
 
-TASKS: Mapping[str, Task] = {t.name: t for t in (Arithmetic(), LongAddition(), Sorting(),
-                                                 RunningSum(), Between())}
+class AdditionSheet(Task):
+  """A lettered worksheet of additions, each restated and worked column by column.
+
+  `a472+385 b123+456=` -> `a472+385=2+5+0=07 7+8+0=15 4+3+1=08=857\nb123+456=3+6+0=09 ...=579`:
+  one line per problem in the prompt's order, each opening with its problem's letter and the
+  problem restated, then worked as `long_addition` works it (`a+b+c=ds` per column, units
+  first, then `=` and the sum). Levels set (problems, digits per operand): (2, 2), (2, 3),
+  (4, 3), (4, 4), (6, 4). Level 3 answers are 159-163 characters: the study's `--long` mode,
+  whose answers must reach 128 tokens (the regime of the published 50x over vanilla LLaDA).
+
+  Why it is here: the long worked computation of a GSM8K-style answer at a length a tiny
+  model learns on a CPU. A line finds its problem by its letter (the prompt holds each letter
+  once) and copies it, so every column then reads digits a short, fixed distance back in its
+  own line; the lines are independent of one another (parallel decoders may work them in any
+  order), while inside a line the carries chain column to column. Scored per line: the
+  response must have one line per problem, each ending in that problem's sum.
+  """
+
+  name = "addition_sheet"
+  LEVEL_SPECS = {1: (2, 2), 2: (2, 3), 3: (4, 3), 4: (4, 4), 5: (6, 4)}
+
+  def _generate(self, rng, difficulty):
+    problems, d = self.LEVEL_SPECS[difficulty]
+    pairs = [tuple(int(rng.integers(10**(d - 1), 10**d)) for _ in range(2))
+             for _ in range(problems)]
+    lines = [f"{letter}{a}+{b}=" + worked_addition(a, b)
+             for letter, (a, b) in zip(string.ascii_lowercase, pairs)]
+    prompt = " ".join(f"{letter}{a}+{b}" for letter, (a, b) in zip(string.ascii_lowercase, pairs))
+    return prompt + "=", "\n".join(lines), " ".join(str(a + b) for a, b in pairs)
+
+  def score(self, prediction, example):
+    """True iff the response has one line per problem, each line's final answer its sum."""
+    finals = [extract_final(line) for line in prediction.strip().split("\n")]
+    return finals == example.target.split(" ")
+
+  def max_prompt_len(self, difficulty):
+    problems, d = self.LEVEL_SPECS[self.check_difficulty(difficulty)]
+    return problems * (2 * d + 3)  # `xa+b` and a space or the final '='
+
+  def max_answer_len(self, difficulty):
+    problems, d = self.LEVEL_SPECS[self.check_difficulty(difficulty)]
+    line = (2 * d + 3) + 9 * d + d + 1  # `xa+b=`, the columns and spaces, '=', <= d + 1 digits
+    return problems * line + problems - 1  # and the newlines between lines
+
+
+TASKS: Mapping[str, Task] = {t.name: t for t in (Arithmetic(), LongAddition(), AdditionSheet(),
+                                                 Sorting(), RunningSum(), Between())}
 
 
 def get_task(name: str) -> Task:
