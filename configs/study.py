@@ -2,7 +2,7 @@
 
   python experiments/study.py           # default: mixed suite, long worked answers (runs/study)
   python experiments/study.py --short   # short answers only                (runs/study_short)
-  python experiments/study.py --long    # long answers, ~35 min on CPU        (runs/study_long)
+  python experiments/study.py --long    # answers of 159-163 tokens, ~1 h      (runs/study_long)
   python experiments/study.py --full    # larger, for an accelerator          (runs/study_full)
   python experiments/study.py --tradeoff  # trade-off curves, from the short mode's models
 
@@ -38,10 +38,15 @@ Modes:
          logits: its masked-token eval accuracy is 97.9% after 500 steps and 98.7% after
          1000, where the from-scratch MDM reached 95.1% after 3000 (BENCHMARKS.md section
          1b). The accelerated AR baseline's narrow drafter `ar_draft` trains here too.
-  long   three-digit addition worked column by column (`long_addition:2`, 31-character
-         answers, G = 32): the regime the published D2F ratios come from. Its MDM trains from
-         scratch and needs far more steps, so this mode takes ~35 minutes on 2 idle CPU cores.
-         The D2F student trains with the reference's block size, 16.
+  long   long generations: a lettered sheet of four three-digit additions, each restated
+         and worked column by column on its own line (`addition_sheet:3`: answers of
+         159-163 tokens, G = 192, >= 128 as the published 50x regime needs), 128 held-out
+         prompts at batch 1. It measures D2F (the student distilled at the reference's
+         training block, 16, decoded at 16 and at the reference's decode block, 32),
+         Fast-dLLM and both hybrids against vanilla LLaDA (steps = G, low-confidence
+         remasking) and AR at the same G (LONG_CELLS). Every step is ~5x the default's, so
+         the models train at batch 32 (four problems a row), the MDM from the AR model;
+         ~56 minutes on 2 idle CPU cores.
   full   for an accelerator: a wider, deeper model (d 512, 8 layers, 34M parameters), 10x
          the steps, on long addition worked column by column at 3, 4 and 6 digits (answers
          of up to 61 characters, G = 64); the D2F student is distilled at block 16.
@@ -90,7 +95,7 @@ MODES = ("", "short", "long", "full", "tradeoff")
 MIXED = "long_addition:2:3,sorting:1,arithmetic:1,running_sum:1"
 # mode -> (tasks, canvas block: G is the longest answer + EOS rounded up to it, D2F train block)
 DATA = {"": (MIXED, 8, 16), "short": ("arithmetic:1", 16, 4),
-        "long": ("long_addition:2", 8, 16),
+        "long": ("addition_sheet:3", 32, 16),
         "full": ("long_addition:2,long_addition:3,long_addition:4", 16, 16)}
 # The default's budget (15 minutes on 2 cores, install included, ~11 of them training): the AR
 # model learns long addition in ~700 steps; the MDM adapted from it learns in half the steps
@@ -98,16 +103,28 @@ DATA = {"": (MIXED, 8, 16), "short": ("arithmetic:1", 16, 4),
 # enough for AR to accept long runs of them (the lossless hybrid).
 STEPS = {"": {"ar": 900, "mdm": 1500, "d2f": 700},
          "short": {"ar": 1500, "mdm": 1000, "d2f": 1000},
-         "long": {"ar": 1500, "mdm": 6000, "d2f": 1500},
+         "long": {"ar": 1000, "mdm": 1500, "d2f": 700},
          "full": {"ar": 20000, "mdm": 40000, "d2f": 10000}}
 # Modes whose MDM starts from the trained AR model (with Dream's shifted logits, so that the
 # AR model's next-token predictions sit where the MDM reads slot i: at i - 1).
-FROM_AR = ("", "short")
+FROM_AR = ("", "short", "long")
 # Train records per mode where the default (200k) is more than the models see: the default
 # mode's MDM sees 1500 x 64 = 96k examples, and writing 200k records costs ~40 s.
 TRAIN_SIZE = {"": 96_000}
-HEADLINE = {"": "long_addition", "short": "arithmetic", "long": "long_addition",
+HEADLINE = {"": "long_addition", "short": "arithmetic", "long": "addition_sheet",
             "full": "long_addition"}
+# The long mode: 192-slot answers make every step ~5x the default's, so the three models train
+# at batch 32 (each row holds four problems: 128 worked additions a step, four times the
+# default's), the MDM from the AR model, and the grid is the cells its claims need. Its canvas
+# block is 32 so that G is a multiple of the reference's decode block (32) as well as of the
+# student's training block (16).
+TRAIN_BATCH = {"long": 32}
+MAX_SEQ_LEN = {"long": 232, "full": 128}  # prompt + G + BOS: 36 + 192 + 1 in the long mode
+LONG_CELLS = ("ar", "llada steps=G", "fast-dllm tau=0.9 dual", "d2f on mdm (no distill) k=8",
+              "block diffusion k=16", "d2f k=16 tau=0.9", "d2f k=16 A=2 tau=0.9",
+              "d2f k=16 tau=0.7", "d2f k=32 tau=0.9", "d2f k=32 A=2 tau=0.9", "d2f k=32 tau=0.7",
+              "d2f k=32 tau=0.5", "speculative d2f k=16", "speculative d2f k=32",
+              "adaptive k=16")
 # The default mode's grid (a 15-minute budget: each cell compiles once): one cell per decoder
 # and setting that a claim or a contrast needs; the other modes run every cell _methods lists.
 DEFAULT_CELLS = ("ar", "llada steps=G", "llada steps=G/2", "fast-dllm tau=0.9 dual",
@@ -144,7 +161,7 @@ def _adaptive(tasks: str, k: int, tags: bool):
 def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
   """The decoding grid. Vanilla LLaDA is one block over the whole canvas, one token a step."""
   g = gen_length
-  blocks = {"": (8, 16), "short": (4, 8), "long": (8, 16), "full": (8, 16)}[mode]
+  blocks = {"": (8, 16), "short": (4, 8), "long": (16, 32), "full": (8, 16)}[mode]
   d2f = []
   for block in blocks:
     for active in (None, 2) if g // block > 2 else (None,):
@@ -182,10 +199,11 @@ def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
       {"method": "block_diffusion", "label": f"block diffusion k={train_block}", "model": "d2f",
        "options": {"block_length": train_block, "steps_per_block": train_block}},
   ] + d2f + hybrids
-  if mode == "":
-    cells = [c for c in cells if c["label"] in DEFAULT_CELLS]
-    missing = set(DEFAULT_CELLS) - {c["label"] for c in cells}
-    assert not missing, f"DEFAULT_CELLS names cells the grid does not have: {missing}"
+  compact = {"": DEFAULT_CELLS, "long": LONG_CELLS}.get(mode)
+  if compact:
+    cells = [c for c in cells if c["label"] in compact]
+    missing = set(compact) - {c["label"] for c in cells}
+    assert not missing, f"the {mode!r} grid names cells _methods does not make: {missing}"
   return cells
 
 
@@ -216,7 +234,7 @@ TRADEOFF = {
 def get_config(mode: str = ""):
   if mode not in MODES:
     raise ValueError(f"unknown study mode {mode!r}; use configs/study.py, "
-                     "configs/study.py:mixed, configs/study.py:long, configs/study.py:full "
+                     "configs/study.py:short, configs/study.py:long, configs/study.py:full "
                      "or configs/study.py:tradeoff")
   if mode == "tradeoff":
     return _tradeoff_config()
@@ -252,10 +270,13 @@ def get_config(mode: str = ""):
     m.train.ckpt_every = 0 if n < 5000 else 2000
     m.decode.eval_examples = 0
     m.opt.decay_steps = None
+    if mode in TRAIN_BATCH:
+      m.train.batch_size = TRAIN_BATCH[mode]
+    if mode in MAX_SEQ_LEN:
+      m.model.max_seq_len = MAX_SEQ_LEN[mode]
     if full:
       m.model.d_model, m.model.n_layers, m.model.mlp_dim = 512, 8, 2048
       m.model.n_heads = m.model.n_kv_heads = 8
-      m.model.max_seq_len = 128
   c.eval = config_dict.ConfigDict()
   c.eval.accelerated_ar_label = config_dict.placeholder(str)  # None: no accelerated AR
   if mode in WITH_DRAFTER:
@@ -269,7 +290,7 @@ def get_config(mode: str = ""):
   c.eval.num_prompts = {"": 160, "short": 160, "full": 512}.get(mode, 128)
   # The default mode decodes at batch 1 only (the verdict's batch; its budget), the others at
   # batch 1 and a larger batch.
-  c.eval.batch_sizes = {"": (1,), "full": (1, 64)}.get(mode, (1, 16))
+  c.eval.batch_sizes = {"": (1,), "long": (1,), "full": (1, 64)}.get(mode, (1, 16))
   c.eval.seed = 0
   c.eval.headline_task = HEADLINE[mode]
   c.eval.llada_vanilla_label = "llada steps=G"
@@ -278,7 +299,7 @@ def get_config(mode: str = ""):
   c.eval.memory_bandwidth_gbps = 0.0
   # Timing on a shared machine: cells are timed round-robin batch by batch, and each batch is
   # decoded this many times in a row, its fastest wall time counting (study/runner.py).
-  c.eval.timing_repeats = 3 if mode == "" else 5
+  c.eval.timing_repeats = 3 if mode in ("", "long") else 5
   # The calibration split of the task-tagged adaptive cells: eval-split records after the
   # evaluation prompts; a task's mode must match AR's accuracy there within this tolerance.
   c.eval.calibration_prompts = 192

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The accelerator figures of BENCHMARKS.md section 5, in an estimated ten minutes on one GPU or
 # TPU (not yet timed on one):
-#   1. the long-answer study (`configs/study.py:long`): D2F against AR tokens/s at batch 1 on
-#      trained models, and AR against the HBM-bandwidth bound. Models already trained in
+#   1. the long-answer study (`configs/study.py:long`, answers of 159-163 tokens, G = 192): D2F,
+#      Fast-dLLM and the hybrids against vanilla LLaDA and AR tokens/s at batch 1 on trained
+#      models, and AR against the HBM-bandwidth bound. Models already trained in
 #      runs/study_long/models (say on a CPU) are reused, so both machines decode the same
-#      weights; otherwise the three tiny models train first (about a minute on a GPU).
+#      weights; otherwise the three tiny models train first (3700 steps at batch 32).
 #   2. the weight-streaming point (`configs/scaling.py:1b`): AR, Fast-dLLM and D2F at
 #      batch 1, G = 256, on random-weight 92M and 1.2B bf16 models.
 #

@@ -3,7 +3,7 @@ held-out prompts with every decoder, and write a table, a JSON file and a Pareto
 
   python experiments/study.py                 # default: mixed suite, long worked answers
   python experiments/study.py --short         # short answers only (configs/study.py:short)
-  python experiments/study.py --long          # long answers (configs/study.py:long)
+  python experiments/study.py --long          # answers of >= 128 tokens (configs/study.py:long)
   python experiments/study.py --full          # the larger accelerator mode
   python experiments/study.py --tradeoff      # trade-off curves from the short mode's models
   python experiments/study.py --long --config.eval.num_prompts=64

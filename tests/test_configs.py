@@ -143,9 +143,9 @@ def test_every_study_mode_trains_valid_models(mode, tmp_path):
           for n in models_lib.training_order(study)}
   mdms = [n for n in cfgs if models_lib.is_mdm(n)]
   assert {cfgs[n].shift_logits for n in mdms + ["d2f"]} == {bool(study.mdm_from_ar)}
-  # The default (mixed suite) and the short mode (and the trade-off mode on its models)
-  # adapt the AR model; the long and accelerator modes train their MDM from scratch.
-  assert study.mdm_from_ar == (mode in ("", "short", "tradeoff"))
+  # The default (mixed suite), short and long modes (and the trade-off mode on the short
+  # mode's models) adapt the AR model; the accelerator mode trains its MDM from scratch.
+  assert study.mdm_from_ar == (mode in ("", "short", "long", "tradeoff"))
   assert study.eval.headline_task in {t.split(":")[0] for t in study.data.tasks.split(",")}
   with pytest.raises(ValueError, match="unknown study mode"):
     module.get_config("fast")
@@ -176,6 +176,34 @@ def test_default_study_mode_mixes_safe_short_and_failing_tasks():
       module.DEFAULT_CELLS)
   assert module.get_config("short").data.tasks == "arithmetic:1"
 
+
+
+def test_long_study_mode_decodes_answers_of_at_least_128_tokens_at_equal_g():
+  """`--long`: every answer is >= 128 tokens (the regime of the published 50x), G covers the
+  longest, vanilla LLaDA is at its standard setting (one block over G, steps = G, no early
+  stop, low-confidence remasking) and D2F, Fast-dLLM and both hybrids decode the same G."""
+  from dllm_jax.data.tasks import TaskSuite, examples
+  from dllm_jax.data.tokenizers import CharTokenizer
+  from dllm_jax.data.tasks import TASK_ALPHABET
+  module = load_module(STUDY_CONFIG)
+  study = module.get_config("long")
+  suite = TaskSuite.parse(study.data.tasks)
+  tok = CharTokenizer(TASK_ALPHABET)
+  lengths = [len(tok.encode(e.answer)) for e in examples(suite, 500, seed=1, split="test")]
+  assert min(lengths) >= 128
+  g = module._gen_length(study.data)
+  assert g == 192 >= suite.max_answer_len + 1
+  assert study.eval.headline_task == "addition_sheet" and study.mdm_from_ar
+  cells = {c["label"]: c for c in study.methods}
+  assert list(cells) == [l for l in cells if l in module.LONG_CELLS]
+  assert len(cells) == len(module.LONG_CELLS)
+  vanilla = cells[study.eval.llada_vanilla_label]
+  assert vanilla["method"] == "llada" and vanilla["options"] == {"block_length": g,
+                                                                 "early_stop": False}
+  assert {c["method"] for c in cells.values()} >= {"ar", "llada", "fast_dllm", "d2f",
+                                                    "speculative", "adaptive"}
+  for name in ("ar", "mdm", "d2f"):
+    assert study.models[name].model.max_seq_len >= suite.max_prompt_len + g + 1
 
 
 def test_study_mode_flags_and_default_workdirs(tmp_path):

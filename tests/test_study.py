@@ -434,6 +434,9 @@ def test_pareto_accuracy_window_and_plot_from_saved_json(tmp_path):
   lo, hi, below = report.accuracy_window([90.0, 80.0])
   assert below == [] and lo < 80.0 and hi == 90.5
   assert report.accuracy_window([0.0, 0.0])[0] == 0.0
+  # most cells far below the best (the long mode's undertrained diffusion cells): all shown
+  lo, hi, below = report.accuracy_window([100.0, 42.2, 4.7, 0.0, 56.2, 27.3, 100.0])
+  assert below == [] and lo == 0.0 and hi == 100.5
   # Cells rebuilt from a study JSON row give the same figures and redraw the plot.
   rows = [_result("ar", "ar", 1, 1.0, 10), _result("llada", "llada", 1, 0.9, 1),
           _result("d2f", "d2f", 1, 0.1, 30), _result("ar", "ar", 16, 1.0, 40)]

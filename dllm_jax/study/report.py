@@ -75,10 +75,13 @@ def accuracy_window(accuracies: Sequence[float], *, span: float = 25.0):
   The axis covers the cells within `span` points of the best one, so that a few far-off
   cells (an undistilled model at 9%, say) do not squash the ones being compared near the
   top; `below` lists the indices of the cells under `lo`, which are drawn on the bottom
-  edge with their accuracy written beside them.
+  edge with their accuracy written beside them. When most cells are far off (fewer than
+  half within `span`), they are the comparison, and the axis covers every cell.
   """
   best = max(accuracies)
   near = [a for a in accuracies if a >= best - span]
+  if 2 * len(near) < len(accuracies):
+    near = list(accuracies)
   lo = max(0.0, min(near) - 0.1 * (best - min(near)) - 1.0)
   hi = min(100.0, best) + 0.5
   return lo, hi, [i for i, a in enumerate(accuracies) if a < lo]
