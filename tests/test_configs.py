@@ -182,9 +182,8 @@ def test_long_study_mode_decodes_answers_of_at_least_128_tokens_at_equal_g():
   """`--long`: every answer is >= 128 tokens (the regime of the published 50x), G covers the
   longest, vanilla LLaDA is at its standard setting (one block over G, steps = G, no early
   stop, low-confidence remasking) and D2F, Fast-dLLM and both hybrids decode the same G."""
-  from dllm_jax.data.tasks import TaskSuite, examples
+  from dllm_jax.data.tasks import TASK_ALPHABET, TaskSuite, examples
   from dllm_jax.data.tokenizers import CharTokenizer
-  from dllm_jax.data.tasks import TASK_ALPHABET
   module = load_module(STUDY_CONFIG)
   study = module.get_config("long")
   suite = TaskSuite.parse(study.data.tasks)

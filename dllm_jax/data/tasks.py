@@ -306,10 +306,9 @@ class AdditionSheet(Task):
     problems, d = self.LEVEL_SPECS[difficulty]
     pairs = [tuple(int(rng.integers(10**(d - 1), 10**d)) for _ in range(2))
              for _ in range(problems)]
-    lines = [f"{letter}{a}+{b}=" + worked_addition(a, b)
-             for letter, (a, b) in zip(string.ascii_lowercase, pairs)]
-    prompt = " ".join(f"{letter}{a}+{b}" for letter, (a, b) in zip(string.ascii_lowercase, pairs))
-    return prompt + "=", "\n".join(lines), " ".join(str(a + b) for a, b in pairs)
+    asked = [f"{letter}{a}+{b}" for letter, (a, b) in zip(string.ascii_lowercase, pairs)]
+    lines = [f"{problem}={worked_addition(a, b)}" for problem, (a, b) in zip(asked, pairs)]
+    return " ".join(asked) + "=", "\n".join(lines), " ".join(str(a + b) for a, b in pairs)
 
   def score(self, prediction, example):
     """True iff the response has one line per problem, each line's final answer its sum."""
