@@ -216,6 +216,50 @@ def test_speedup_split_into_forwards_and_forward_cost():
   assert "5.00x fewer forwards, each 2.50x a ar forward's time" in text
 
 
+def long_generation(d2f32_wall=2.5, llada_g=192):
+  """Answers of 160 tokens; vanilla LLaDA at G = `llada_g` (one forward per slot, 160 tok/s);
+  D2F at k = 16 (20 forwards a prompt, 20x LLaDA) and k = 32 (6 forwards, -1 point)."""
+  return [
+      cell("ar", "ar", 50, 16000, 16100, 5.0),
+      cell(LLADA, "llada", 50, 16000, 100 * llada_g, 100.0,
+           setting={"gen_length": llada_g, "steps": llada_g}),
+      cell("d2f k=16", "d2f", 50, 16000, 2000, 5.0, setting={"block_length": 16}),
+      cell("d2f k=32", "d2f", 49, 16000, 600, d2f32_wall, setting={"block_length": 32}),
+  ]
+
+
+def test_d2f_pipeline_ceiling_bounds_the_llada_claims_at_equal_forward_cost():
+  """One block of k is appended per forward, so D2F commits at most k tokens a forward: at
+  G = 192 with 160-token answers, k = 32 reaches at most 32 * 192 / 160 = 38.4x vanilla
+  LLaDA at equal cost per forward. Off a CPU the 50x claim is then not measurable (whatever
+  the model); on a CPU it is still judged, since a cheaper forward can carry a cell past
+  the ceiling, and a cell that does meets it. At G = 256 the ceiling is 51.2x: judged (and
+  not met: LLaDA's time is held, so k = 32 is still 40x)."""
+  c = claims(long_generation(), platform="gpu")
+  cells = {x["label"]: x for x in c["d2f_vs_llada_50x"]["cells"]}
+  assert cells["d2f k=16"]["pipeline_ceiling"] == pytest.approx(19.2)
+  assert cells["d2f k=32"]["pipeline_ceiling"] == pytest.approx(38.4)
+  for x in cells.values():
+    assert x["speedup_at_equal_forward_cost"] <= x["pipeline_ceiling"]
+  fifty = c["d2f_vs_llada_50x"]
+  assert fifty["status"] == "not measurable here"
+  assert fifty["deciding_factor"]["name"] == "pipeline_ceiling"
+  assert fifty["deciding_factor"]["value"] == pytest.approx(38.4)
+  assert "(k=32: d2f k=32) reaches at most 38.40x" in fifty["reason"]
+  assert c["d2f_vs_llada_10x"]["status"] == "met"  # 40x: the ceiling does not bind at 10x
+  against_ar = {x["label"]: x["pipeline_ceiling"] for x in c["d2f_vs_ar"]["cells"]}
+  assert against_ar == pytest.approx({"d2f k=16": 16 * 161 / 160, "d2f k=32": 32 * 161 / 160})
+  cpu = claims(long_generation())["d2f_vs_llada_50x"]
+  assert cpu["status"] == "not met" and cpu["deciding_factor"]["name"] == "speedup"
+  assert "only a forward cheaper than" in cpu["reason"]
+  met = claims(long_generation(d2f32_wall=1.6))["d2f_vs_llada_50x"]  # 62.5x on cheap forwards
+  assert met["status"] == "met" and met["figure"]["label"] == "d2f k=32"
+  longer = claims(long_generation(llada_g=256), platform="gpu")["d2f_vs_llada_50x"]
+  assert longer["status"] == "not met" and "at most" not in longer["reason"]
+  text = verdict.verdict_text(verdict.judge(long_generation(), task=TASK, llada_label=LLADA))
+  assert "at most 38.40x at equal cost (one block a forward)" in text
+
+
 def test_stored_verdict_recomputes_from_the_stored_cells():
   rows = scenario()
   doc = accounting.results_json(

@@ -22,6 +22,17 @@ the baseline's. The first two are the algorithm's (`speedup_at_equal_forward_cos
 is the hardware's: where a batch-1 forward is bound by weight reads (an accelerator) it tends
 to 1, on a CPU a wider forward costs more.
 
+A D2F cell also carries its pipeline's ceiling: D2F appends at most one block of k slots per
+forward, so it commits at most k response tokens a forward, and whatever its model,
+
+    speedup_at_equal_forward_cost <= pipeline_ceiling = k * baseline forwards per prompt
+                                                        / baseline response tokens per prompt.
+
+Where the widest block of the run cannot reach a claim's threshold this way (vanilla LLaDA's
+G barely above the answer, and k small), no D2F model could show the claim at equal cost per
+forward: on an accelerator the claim is not measurable at this G; on a CPU only a forward
+cheaper than the baseline's can reach it, and the reason says so.
+
 Status of a claim:
   met                  some cell within the accuracy tolerance reaches the threshold;
   not met              none does, and this run could have shown it (or no cell is accurate
@@ -30,7 +41,8 @@ Status of a claim:
                        decides it: the baseline needs too few forwards per prompt at this G
                        (even one forward per prompt would not reach the threshold), the answers
                        are too short for the tokens-per-forward bar, the suite has no task
-                       where D2F alone fails (adaptive switching), or, on a CPU, the algorithmic
+                       where D2F alone fails (adaptive switching), off a CPU the D2F pipeline's
+                       ceiling (above) is below the threshold, or, on a CPU, the algorithmic
                        speedup reaches the threshold but the wider forward's cost does not;
   not measured         the run has no cell of the method (or of its baseline).
 
@@ -51,6 +63,7 @@ configured, or null), platform, batch_size: 1, claims: [
    speedup_median, accuracy, accuracy_delta_points, num_correct, tokens_ratio, nfe_ratio,
    forward_cost_ratio, speedup_at_equal_forward_cost, nfe_per_prompt, speed_on (the task
    whose prompts the speed is measured on, or "all tasks")
+   [, block_length, pipeline_ceiling: D2F cells whose setting names block_length]
    [, tokens_per_verifier_forward, draft_length]
    [, vs_accelerated_ar {baseline (the accelerated AR's label), speedup, speedup_median,
      accuracy_delta_points, nfe_ratio, forward_cost_ratio, tokens_ratio,
@@ -225,6 +238,12 @@ def compare(r: MethodResult, base: MethodResult, task: str | None,
          "forward_cost_ratio": cost, "speedup_at_equal_forward_cost": algorithmic,
          "nfe_per_prompt": sr.nfe_per_prompt,
          "speed_on": sr.scope if sr.scope == sb.scope else "mixed"}
+  k = r.setting.get("block_length") if r.method == "d2f" else None
+  if k:  # D2F appends one block of k per forward: it commits at most k tokens a forward
+    out["block_length"] = k
+    out["pipeline_ceiling"] = _ratio(
+        None if sb.nfe_per_prompt is None else k * sb.nfe_per_prompt,
+        _ratio(sb.tokens, sb.prompts))
   if r.method == "speculative":  # one AR-verifier forward per round (DecodeOutput.steps)
     out["tokens_per_verifier_forward"] = _ratio(
         sr.tokens, None if sr.loop_steps is None else sr.loop_steps * r.batch_size)
@@ -368,6 +387,22 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
                 f"per prompt here (G={entry['gen_length']}): even one forward per prompt at "
                 f"equal cost would give {ceiling:.2f}x, below {claim.speedup:g}x",
                 "one_forward_ceiling", ceiling)
+  pipeline = _pipeline_ceiling(rows)
+  if pipeline is not None and not _fast_enough(claim, pipeline["pipeline_ceiling"]):
+    why = (f"D2F appends one block per forward, so a block of k commits at most k tokens a "
+           f"forward: against {base_label}'s {base_speed.nfe_per_prompt:.1f} forwards for "
+           f"{base_speed.tokens / max(base_speed.prompts, 1):.1f} response tokens a prompt "
+           f"(G={entry['gen_length']}), the widest block in this run "
+           f"(k={pipeline['block_length']}: {pipeline['label']}) reaches at most "
+           f"{_x(pipeline['pipeline_ceiling'])} at equal cost per forward")
+    if platform != "cpu":
+      return done(NOT_MEASURABLE, f"{why}, below {claim.speedup:g}x: a longer G or a wider "
+                  "decode block is what could show it", "pipeline_ceiling",
+                  pipeline["pipeline_ceiling"])
+    ceiling_note = (f"; {why}, below {claim.speedup:g}x, so only a forward cheaper than "
+                    f"{base_label}'s (this CPU) can reach it")
+  else:
+    ceiling_note = ""
   algorithmic = max(accurate, key=lambda c: c["speedup_at_equal_forward_cost"] or 0.0)
   if platform == "cpu" and _meets(claim, {**algorithmic,
                                          "speedup": algorithmic["speedup_at_equal_forward_cost"]}):
@@ -385,8 +420,16 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
     extra = f", {_fmt(fig.get('tokens_per_verifier_forward'))} tokens per verifier forward"
   return done(NOT_MET, f"best cell within tolerance, {fig['label']}: "
               f"{_x(fig['speedup'])} {base_label} tokens/s{extra} "
-              f"({_x(fig['speedup_at_equal_forward_cost'])} at equal cost per forward)",
-              "speedup", fig["speedup"])
+              f"({_x(fig['speedup_at_equal_forward_cost'])} at equal cost per forward)"
+              + ceiling_note, "speedup", fig["speedup"])
+
+
+def _pipeline_ceiling(rows: Sequence[dict]) -> dict | None:
+  """The judged cell with the highest `pipeline_ceiling` (the widest D2F block), or None
+  unless every judged cell has one (a cell without it is not bounded by it)."""
+  if not rows or any(c.get("pipeline_ceiling") is None for c in rows):
+    return None
+  return max(rows, key=lambda c: c["pipeline_ceiling"])
 
 
 def _judged(claim: Claim, r: MethodResult, accelerated_ar_label: str | None) -> bool:
@@ -453,6 +496,8 @@ def _cell_line(c: dict, base: str) -> str:
           f"{base} forward's time, tokens {_x(c['tokens_ratio'])}")
   if "tokens_per_verifier_forward" in c:
     line += f"; {_fmt(c['tokens_per_verifier_forward'])} tokens per verifier forward"
+  if "pipeline_ceiling" in c:
+    line += f"; at most {_x(c['pipeline_ceiling'])} at equal cost (one block a forward)"
   return line + _vs_accelerated(c)
 
 
