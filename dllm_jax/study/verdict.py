@@ -369,8 +369,8 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
 
   bar = claim.tokens_per_verifier_forward
   base_speed = speed_on(base, speed_task)
+  per_prompt = base_speed.tokens / max(base_speed.prompts, 1)  # the baseline's response tokens
   if bar is not None:
-    per_prompt = base_speed.tokens / max(base_speed.prompts, 1)
     if per_prompt < bar:
       return done(NOT_MEASURABLE, f"answers average {per_prompt:.1f} response tokens, so no "
                   f"decoder commits {bar:g} per verifier forward", "response_tokens_per_prompt",
@@ -387,11 +387,12 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
                 f"per prompt here (G={entry['gen_length']}): even one forward per prompt at "
                 f"equal cost would give {ceiling:.2f}x, below {claim.speedup:g}x",
                 "one_forward_ceiling", ceiling)
+  ceiling_note = ""
   pipeline = _pipeline_ceiling(rows)
   if pipeline is not None and not _fast_enough(claim, pipeline["pipeline_ceiling"]):
     why = (f"D2F appends one block per forward, so a block of k commits at most k tokens a "
            f"forward: against {base_label}'s {base_speed.nfe_per_prompt:.1f} forwards for "
-           f"{base_speed.tokens / max(base_speed.prompts, 1):.1f} response tokens a prompt "
+           f"{per_prompt:.1f} response tokens a prompt "
            f"(G={entry['gen_length']}), the widest block in this run "
            f"(k={pipeline['block_length']}: {pipeline['label']}) reaches at most "
            f"{_x(pipeline['pipeline_ceiling'])} at equal cost per forward")
@@ -401,8 +402,6 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
                   pipeline["pipeline_ceiling"])
     ceiling_note = (f"; {why}, below {claim.speedup:g}x, so only a forward cheaper than "
                     f"{base_label}'s (this CPU) can reach it")
-  else:
-    ceiling_note = ""
   algorithmic = max(accurate, key=lambda c: c["speedup_at_equal_forward_cost"] or 0.0)
   if platform == "cpu" and _meets(claim, {**algorithmic,
                                          "speedup": algorithmic["speedup_at_equal_forward_cost"]}):
