@@ -8,6 +8,8 @@ A config path that exists relative to the working directory is used as given; ot
 `configs/...` is this repository's, so the scripts run from any directory. A config file
 found in neither place, or a `--config.key=value` override naming no key of the config, ends
 the script with one line saying so (exit 1), where ml_collections would print a traceback.
+`run` also keeps absl's log at WARNING unless `--verbosity` is given: at absl's default
+(INFO) orbax logs every checkpoint read and write, about 170 lines in a study run.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,12 +73,15 @@ def _bad_override(e: Exception):
 def run(main) -> None:
   """`app.run(main)`; a config file given on the command line is loaded, and its overrides
   applied, while absl parses the flags, so an override of a key it lacks fails there (before
-  `main`): that becomes one line. Errors raised once `main` runs propagate unchanged."""
+  `main`): that becomes one line. Errors raised once `main` runs propagate unchanged. The log
+  stays at WARNING unless `--verbosity` (`-v`) is passed: `--verbosity=0` for absl's INFO log."""
   started = False
 
   def wrapped(argv):
     nonlocal started
     started = True
+    if not flags.FLAGS["verbosity"].present:
+      logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint read/write at INFO
     return main(argv)
 
   try:

@@ -11,7 +11,7 @@ full absl (orbax, JAX) INFO log.
 
 import json
 
-from absl import app, flags, logging
+from absl import app, flags
 
 from dllm_jax.training import trainer
 
@@ -26,8 +26,6 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   final = trainer.train(_CONFIG.value, _WORKDIR.value)
   print(json.dumps(final, indent=1, sort_keys=True))
 

@@ -273,12 +273,23 @@ def ci_installs_a_superset(command: str, ws: Workspace) -> None:
       f"README installs {spec!r}; .ci/run installs {installs}")
 
 
+ABSL_INFO_LINE = re.compile(r"^I\d{4} \d\d:\d\d:\d\d", re.M)  # I1202 23:51:45.110 ...
+
+
+def assert_no_info_log(out: str) -> None:
+  """The scripts keep absl at WARNING (experiments/_config_args.run): at absl's default
+  level orbax logs every checkpoint read and write (~170 lines in a default study run)."""
+  line = ABSL_INFO_LINE.search(out)
+  assert line is None, f"absl INFO log in the output: {out[line.start():line.start() + 300]}"
+
+
 def study(command: str, ws: Workspace) -> None:
   out = run_shell(shlex.join(shlex.split(command) + study_overrides(command) +
-                             [f"--workdir={ws.root / 'study'}"]))
+                             [f"--workdir={ws.root / 'study'}"]), stderr=True)
   for f in ("study.md", "study.json", "study_pareto.png"):
     assert (ws.root / "study" / f).stat().st_size > 0, f
   assert "| method |" in out and "[study] wrote" in out, out[-2000:]
+  assert_no_info_log(out)
 
 
 def train(command: str, ws: Workspace) -> None:
@@ -286,7 +297,7 @@ def train(command: str, ws: Workspace) -> None:
   if argv[argv.index("--config") + 1].endswith("d2f_tiny.py") and not any(
       a.startswith("--config.train.init_from") for a in argv):
     argv.append(f"--config.train.init_from={ws.root}/runs/mdm_tiny")
-  run_shell(shlex.join(argv + TRAIN_OVERRIDES))
+  assert_no_info_log(run_shell(shlex.join(argv + TRAIN_OVERRIDES), stderr=True))
   workdir = Path(argv[argv.index("--workdir") + 1])
   steps = int(TRAIN_OVERRIDES[TRAIN_OVERRIDES.index("--config.train.steps=2")].split("=")[1])
   assert steps in ckpt_lib.steps_in(workdir), f"{workdir} holds no checkpoint at step {steps}"
