@@ -27,3 +27,35 @@ def test_loss_falls_well_below_its_start(tiny_config, tmp_path, objective, optio
   assert final["eval/loss"] < 0.35 * losses[0]
   assert max(losses[-20:]) < 0.5 * losses[0]
   assert final["eval/accuracy"] > 0.5  # masked / next-token top-1 accuracy on held-out rows
+
+
+@pytest.mark.parametrize("objective,options", [("ar", {}), ("mdm", {"sft": True})])
+def test_unrolled_train_step_matches_the_scanned_one(tiny_config, objective, options):
+  """train.unroll_layers runs the same products without the layer scan: three steps on one
+  batch give the scanned run's params, and the compiled step lost the layer loops."""
+  import jax
+  import numpy as np
+
+  from dllm_jax.training import data as data_lib
+  from dllm_jax.training import experiment as exp_lib
+  from dllm_jax.training import state as state_lib
+
+  runs = {}
+  for unroll in (False, True):
+    config = tiny_config(objective, **options)
+    config.train.unroll_layers = unroll
+    exp = exp_lib.build(config)
+    step = trainer.compile_train_step(exp)
+    it = data_lib.train_iterator(data_lib.make_sources(config.data)[0], exp.layout,
+                                 int(config.train.batch_size), 0)
+    batch = data_lib.to_global(next(it), exp.batch_shardings)
+    state, _ = state_lib.init_state(exp.model_cfg, exp.tx, jax.random.PRNGKey(0), exp.mesh,
+                                    exp.rules, config.opt.trainable, exp.shardings)
+    for _ in range(3):
+      state, metrics = step(state, batch)
+    runs[unroll] = state.params, metrics, step.as_text()
+  loops = {unroll: text.count(" while(") for unroll, (_, _, text) in runs.items()}
+  assert loops[True] < loops[False]  # the layer scan (forward and backward) is gone
+  np.testing.assert_allclose(runs[True][1]["loss"], runs[False][1]["loss"], rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+               runs[True][0], runs[False][0])

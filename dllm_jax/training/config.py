@@ -31,7 +31,7 @@ TOKENIZERS = ("char", "byte")  # or a path to a tokenizer.json
 # train.steps also stretches the schedule unless opt.decay_steps is set.
 RESUMABLE_CHANGES = ("train.steps", "train.eval_every", "train.eval_batches", "train.ckpt_every",
                      "train.keep", "train.log_every", "train.allow_config_change",
-                     "train.async_checkpoints", "mesh", "decode")
+                     "train.async_checkpoints", "train.unroll_layers", "mesh", "decode")
 
 
 def _placeholder_type(annotation) -> type:
@@ -101,6 +101,10 @@ def base_config() -> config_dict.ConfigDict:
   c.train.async_checkpoints = True
   c.train.init_from = config_dict.placeholder(str)  # workdir or checkpoint dir to load params
   c.train.allow_config_change = False  # resume a workdir whose saved config differs
+  # The train and eval steps run the layers unrolled (the same scanned params and products):
+  # for a few small layers on a CPU the scan's backward pass stacks and zero-fills residuals
+  # each step (a fifth of a small model's step). Decoders keep model.scan_layers.
+  c.train.unroll_layers = False
 
   c.mesh = config_dict.ConfigDict()
   c.mesh.shape = config_dict.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
@@ -131,6 +135,7 @@ def tiny_arithmetic_config() -> config_dict.ConfigDict:
   c.data.tasks = "arithmetic:1"  # two-digit addition: 37+48=85
   c.data.tokenizer = "char"
   c.data.block_size = 4          # rounds the answer canvas up to 8 slots
+  c.train.unroll_layers = True   # 3 small layers: the unrolled train step is ~15% cheaper
   return c
 
 

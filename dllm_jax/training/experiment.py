@@ -91,8 +91,9 @@ def build(config, devices=None) -> Experiment:
   schedule = opt_lib.make_schedule(config.opt, steps)
   tx = opt_lib.make_optimizer(config.opt, steps)
   options = dict(config.objective.options)
-  loss_fn = objectives.make_objective(config.objective.name, model_cfg, **options)
-  eval_loss_fn = objectives.make_objective(config.objective.name, model_cfg, train=False,
+  step_cfg = model_cfg.replace(scan_layers=False) if config.train.unroll_layers else model_cfg
+  loss_fn = objectives.make_objective(config.objective.name, step_cfg, **options)
+  eval_loss_fn = objectives.make_objective(config.objective.name, step_cfg, train=False,
                                            **options)
   trainable = config.opt.trainable
   boxed = state_lib.abstract_state(model_cfg, tx, trainable)
