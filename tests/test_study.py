@@ -206,6 +206,9 @@ def test_micro_study_end_to_end(tmp_path, monkeypatch):
   doc = study.run(_micro_config(), "study", log=lambda *_: None)
   tmp_path = tmp_path / "study"
   accounting.validate_json(doc)
+  host = doc["host"]  # wall time beside process CPU time and the host's steal
+  assert host["wall_s"] == doc["total_s"] and host["process_cpu_s"] > 0
+  assert host["host_steal_frac"] is None or 0 <= host["host_steal_frac"] <= 1
   for f in ("study.md", "study.json", "study_pareto.png"):
     assert (tmp_path / f).stat().st_size > 0
   assert len(doc["results"]) == 9 * 2
