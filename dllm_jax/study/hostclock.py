@@ -64,12 +64,10 @@ class HostClock:
   def start(cls) -> HostClock:
     return cls(time.perf_counter(), time.process_time(), _read_ticks())
 
-  def wall_s(self) -> float:
-    return time.perf_counter() - self.wall
-
   def summary(self) -> dict:
     """{"wall_s", "process_cpu_s", "host_steal_frac"} from `start` until now."""
-    return {"wall_s": self.wall_s(), "process_cpu_s": time.process_time() - self.cpu,
+    return {"wall_s": time.perf_counter() - self.wall,
+            "process_cpu_s": time.process_time() - self.cpu,
             "host_steal_frac": steal_fraction(self.ticks, _read_ticks())}
 
 
