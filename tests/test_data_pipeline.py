@@ -129,6 +129,31 @@ def test_synthetic_source_splits_and_unique():
 def test_text_source_decodes_bytes():
   src = TextSource([{"text": b"caf\xc3\xa9", "n": 3}])
   assert src[0] == {"text": "café", "n": 3} and len(src) == 1
+  assert src.__getitems__([0, -1]) == [src[0], src[0]]
+
+
+class _BatchedReads(list):
+  """A list of records that also reads many at once (as array_record sources do), counting."""
+
+  def __init__(self, records):
+    super().__init__(records)
+    self.batched, self.single = [], 0
+
+  def __getitem__(self, index):
+    self.single += 1
+    return super().__getitem__(index)
+
+  def __getitems__(self, indices):
+    self.batched.append(list(indices))
+    return [super(_BatchedReads, self).__getitem__(i) for i in indices]
+
+
+def test_text_source_reads_batches_through():
+  inner = _BatchedReads([{"text": b"a"}, {"text": b"b"}, {"text": b"c"}])
+  assert TextSource(inner).__getitems__([2, 0]) == [{"text": "c"}, {"text": "a"}]
+  assert inner.batched == [[2, 0]] and inner.single == 0
+  with pytest.raises(IndexError, match="index 3 out of range"):
+    TextSource(inner).__getitems__([3])
 
 
 # -- BatchIterator -----------------------------------------------------------------------------
@@ -196,6 +221,34 @@ def test_resume_continues_with_the_same_batches(consumed):
   resumed.set_state(state)
   for want in expected:
     _assert_same(next(resumed), want)
+
+
+@pytest.mark.parametrize("kwargs, reads", [
+    (dict(batch_size=4, seed=5), [4] * 5),  # batches straddle epochs of 10 records
+    (dict(batch_size=4, num_epochs=1, pad_final_batch=True), [4, 4, 2]),
+    (dict(batch_size=4, shuffle=False), [4] * 5)])
+def test_batched_reads_give_the_same_batches(kwargs, reads):
+  records = list(SyntheticSource(SUITE, 10, seed=1))
+  layout = SFTLayout.for_suite(CharTokenizer(TASK_ALPHABET), SUITE)
+  plain = BatchIterator(records, layout, **kwargs, **ONE_PROC)
+  want = [next(plain) for _ in range(len(reads))]
+  source = _BatchedReads(records)
+  batched = BatchIterator(source, layout, **kwargs, **ONE_PROC)
+  for expected in want:
+    _assert_same(next(batched), expected)
+  # one read per batch, of exactly the records it holds, and none one by one
+  assert [len(r) for r in source.batched] == reads and source.single == 0
+  assert sum(source.batched, []) == [i for b in want for i in b["index"].tolist() if i >= 0]
+
+
+def test_batched_reads_replace_dropped_records_one_by_one():
+  records = ([{"prompt": "1=", "answer": "1"}] * 2 + [{"prompt": "1=", "answer": "1" * 20}]
+             + [{"prompt": "1=", "answer": "1"}] * 3)
+  source = _BatchedReads(records)
+  it = BatchIterator(source, SFTLayout(TOK, seq_len=8), batch_size=3, shuffle=False,
+                     drop_long=True, **ONE_PROC)
+  assert next(it)["index"].tolist() == [0, 1, 3] and it.dropped == 1
+  assert source.batched == [[0, 1, 2]] and source.single == 1  # record 3 read alone
 
 
 def test_prefetcher_matches_and_tracks_state():

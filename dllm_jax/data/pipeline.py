@@ -176,14 +176,36 @@ class BatchIterator:
     batch["row_mask"] = batch["index"] >= 0
     return batch
 
+  def _upcoming(self, n: int) -> list[int]:
+    """The record indices of the next `n` cursor positions (fewer at the end of the stream)."""
+    epoch, position, indices = self._epoch, self._position, []
+    while len(indices) < n and not (self.num_epochs is not None and epoch >= self.num_epochs):
+      shard = self._shard(epoch)
+      take = min(n - len(indices), self.shard_size - position)
+      indices += shard[position:position + take].tolist()
+      epoch, position = (epoch + 1, 0) if position + take == self.shard_size else (epoch,
+                                                                                  position + take)
+    self._shard(self._epoch)  # keep the cursor's epoch order cached
+    return indices
+
+  def _read_ahead(self) -> dict[int, Any]:
+    """The next batch's records, read in one `__getitems__` call where the source has it (the
+    same records `source[i]` gives; records that `drop_long` skips are replaced one by one)."""
+    read = getattr(self.source, "__getitems__", None)
+    if read is None:
+      return {}
+    indices = self._upcoming(self.batch_size)
+    return dict(zip(indices, read(indices))) if indices else {}
+
   def _sft_rows(self) -> tuple[list[Spans], list[int]]:
     rows, indices, skipped = [], [], 0
+    ahead = self._read_ahead()
     while len(rows) < self.batch_size:
       index = self._peek()
       if index is None:
         break
       try:
-        row = self.layout.spans(self.source[index])
+        row = self.layout.spans(ahead[index] if index in ahead else self.source[index])
       except TooLongError as e:
         if not self.drop_long:
           raise TooLongError(f"record {index}: {e}") from None
