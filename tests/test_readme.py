@@ -437,7 +437,8 @@ def test_readme_commands_run(tmp_path, demo_cache):
 
 
 def test_inline_paths_and_names_exist():
-  """Inline spans that name a repo file, a `dllm_jax.` attribute or a CLI flag are real."""
+  """Inline spans that name a repo file, a `dllm_jax.` attribute, a CLI flag or a config key
+  (`--config.a.b=...` or `a.b=...`) are real."""
   top = {p.name for p in REPO.iterdir()}
   flags = known_flags()
   for span in inline_spans(readme()):
@@ -450,6 +451,10 @@ def test_inline_paths_and_names_exist():
     if "/" in span and first in top and " " not in span:
       for path in expand_braces(span.split(":")[0]):
         assert (REPO / path).exists() or first == "runs", f"README names {path}: not in the repo"
+    setting = re.fullmatch(r"([a-z_]\w*(?:\.[a-z_]\w*)+)=\S+", span)
+    if setting:
+      assert any(has_key(c, setting.group(1)) for c in configs()), (
+          f"README sets {setting.group(1)}, but no config in configs/ has that key")
     for flag in re.findall(r"(?:^|\s)(--[\w.]+)", span):
       if flag.startswith("--config."):
         key = flag.removeprefix("--config.")
