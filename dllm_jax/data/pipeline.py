@@ -183,8 +183,9 @@ class BatchIterator:
       shard = self._shard(epoch)
       take = min(n - len(indices), self.shard_size - position)
       indices += shard[position:position + take].tolist()
-      epoch, position = (epoch + 1, 0) if position + take == self.shard_size else (epoch,
-                                                                                  position + take)
+      position += take
+      if position == self.shard_size:
+        epoch, position = epoch + 1, 0
     self._shard(self._epoch)  # keep the cursor's epoch order cached
     return indices
 

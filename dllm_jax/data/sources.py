@@ -138,9 +138,10 @@ class TextSource:
 
   def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
     """`[self[i] for i in indices]`, read in one call where the wrapped source batches reads."""
-    indices = [_check_index(i, len(self)) for i in indices]
     read = getattr(self.source, "__getitems__", None)
-    records = read(indices) if read is not None else [self.source[i] for i in indices]
+    if read is None:
+      return [self[i] for i in indices]
+    records = read([_check_index(i, len(self)) for i in indices])
     return [{k: _to_str(v) for k, v in record.items()} for record in records]
 
   def __iter__(self) -> Iterator[dict[str, Any]]:
