@@ -54,6 +54,17 @@ def rope(x: Array, positions: Array, theta: float) -> Array:
   return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
+def _matmul(x: Array, w: Array) -> Array:
+  """x[..., I] @ w[I, O] as one 2-D dot over the flattened leading axes.
+
+  The same products as `jnp.dot(x, w)` on a 3-D x, but XLA:CPU then lays the backward pass
+  out without writing the `[tokens, out]` gradient transposed through a strided loop: the
+  study's train steps are 22-38% cheaper on a CPU (BENCHMARKS.md section 3). The summation
+  order differs from the 3-D dot's, so results move in the last bits.
+  """
+  return jnp.dot(x.reshape(-1, x.shape[-1]), w).reshape(*x.shape[:-1], w.shape[-1])
+
+
 class Dense(nn.Module):
   """y = x @ kernel (+ bias) (+ (alpha / r) * dropout(x) @ lora_a @ lora_b)."""
   features: int
@@ -70,7 +81,7 @@ class Dense(nn.Module):
     d_in = x.shape[-1]
     kernel = self.param("kernel", nn.with_logical_partitioning(_KERNEL_INIT, self.axes),
                         (d_in, self.features), self.param_dtype)
-    y = jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+    y = _matmul(x.astype(self.dtype), kernel.astype(self.dtype))
     if self.use_bias:
       bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                              (self.axes[1],)),
@@ -84,7 +95,7 @@ class Dense(nn.Module):
                                                                  ("lora", self.axes[1])),
                           (self.lora_rank, self.features), self.param_dtype)
       h = nn.Dropout(self.lora_dropout)(x, deterministic=deterministic)
-      h = jnp.dot(jnp.dot(h.astype(self.dtype), lora_a.astype(self.dtype)),
+      h = _matmul(_matmul(h.astype(self.dtype), lora_a.astype(self.dtype)),
                   lora_b.astype(self.dtype))
       y = y + self.lora_scale * h
     return y
