@@ -245,6 +245,9 @@ def _pad_row_options(options: dict, b: int, rows: int) -> dict:
 
 
 def _take_rows(out: base.DecodeOutput, b: int) -> base.DecodeOutput:
+  """The first b rows of every per-row field (the batch-bucket padding rows dropped)."""
+  if out.tokens.shape[0] == b:  # no padding rows: six slices of ~0.1 ms each saved per call
+    return out
   finite = None if out.finite is None else out.finite[:b]
   extra = {name: getattr(out, name)[:b] for name in getattr(out, "ROW_FIELDS", ())
            if getattr(out, name) is not None}  # per-row fields of a DecodeOutput subclass
