@@ -15,8 +15,10 @@ import jax
 import numpy as np
 import pytest
 from flax import traverse_util
+from ml_collections import config_dict
 
 from dllm_jax.parallel import mesh as mesh_lib
+from dllm_jax.study import study as study_lib
 from dllm_jax.training import config as config_lib
 from dllm_jax.training import experiment
 from dllm_jax.training import optimizer as opt_lib
@@ -197,12 +199,49 @@ def test_long_study_mode_decodes_answers_of_at_least_128_tokens_at_equal_g():
   assert list(cells) == [l for l in cells if l in module.LONG_CELLS]
   assert len(cells) == len(module.LONG_CELLS)
   vanilla = cells[study.eval.llada_vanilla_label]
-  assert vanilla["method"] == "llada" and vanilla["options"] == {"block_length": g,
-                                                                 "early_stop": False}
+  assert vanilla["method"] == "llada"
+  assert study_lib.resolve_options(dict(vanilla["options"]), g) == {
+      "gen_length": g, "block_length": g, "early_stop": False}
   assert {c["method"] for c in cells.values()} >= {"ar", "llada", "fast_dllm", "d2f",
                                                     "speculative", "adaptive"}
   for name in ("ar", "mdm", "d2f"):
     assert study.models[name].model.max_seq_len >= suite.max_prompt_len + g + 1
+
+
+@pytest.mark.parametrize("g", [192, 384])
+def test_long_study_mode_takes_g_as_one_flag(g, tmp_path):
+  """`--config.data.gen_length=384` is all a wider G takes: the layout, every model's window
+  and the G-relative cells (vanilla LLaDA's one block, Fast-dLLM's two) follow it, and every
+  model's rows still fit its window."""
+  from dllm_jax.study import models as models_lib
+  from dllm_jax.training import data as data_lib
+  module = load_module(STUDY_CONFIG)
+  study = module.get_config("long")
+  study.data.gen_length = g  # what the flag sets (the config is locked: the key must exist)
+  for name in models_lib.training_order(study):
+    config = models_lib.training_config(study, name, tmp_path)
+    tok = data_lib.make_tokenizer(config.data)
+    layout = data_lib.make_layout(config.data, tok)
+    assert layout.seq_len - layout.prompt_len == g
+    data_lib.check_compatible(config_lib.model_config(config), tok, layout)
+    assert config.model.max_seq_len == g + module.LONG_WINDOW_ABOVE_G
+  blocks = {c["label"]: study_lib.resolve_options(dict(c["options"]), g).get("block_length")
+            for c in study.methods}
+  assert blocks["llada steps=G"] == g and blocks["fast-dllm tau=0.9 dual"] == g // 2
+  assert blocks["d2f k=16 tau=0.9"] == 16  # fixed blocks stay fixed
+
+
+def test_gen_length_must_hold_the_answers_and_tile_the_blocks():
+  from dllm_jax.training import data as data_lib
+  module = load_module(STUDY_CONFIG)
+  data = config_dict.ConfigDict(module.get_config("long").data.to_dict())
+  tok = data_lib.make_tokenizer(data)
+  data.gen_length = 160  # the longest answer + EOS is 164 tokens
+  with pytest.raises(ValueError, match=r"gen_length.*cannot hold the longest answer.*164"):
+    data_lib.make_layout(data, tok)
+  data.gen_length = 200  # not a multiple of the canvas block, 32
+  with pytest.raises(ValueError, match=r"not a multiple of block_size=32; use 224"):
+    data_lib.make_layout(data, tok)
 
 
 def test_study_mode_flags_and_default_workdirs(tmp_path):

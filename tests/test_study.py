@@ -168,6 +168,15 @@ def test_resolve_options():
   assert study.resolve_options({"steps_fraction": 0.5}, 16) == {"gen_length": 16, "steps": 8}
   with pytest.raises(ValueError, match="steps_fraction"):
     study.resolve_options({"steps_fraction": 0}, 16)
+  # Block lengths given as a share of G (vanilla LLaDA's one block, Fast-dLLM's two).
+  assert study.resolve_options({"block_fraction": 1, "steps_fraction": 0.5}, 384) == {
+      "gen_length": 384, "block_length": 384, "steps": 192}
+  assert study.resolve_options({"block_fraction": 0.5}, 192)["block_length"] == 96
+  for bad in (0, 1.5, 0.3):  # 0.3 * 16 is no whole block
+    with pytest.raises(ValueError, match="block_fraction"):
+      study.resolve_options({"block_fraction": bad}, 16)
+  with pytest.raises(ValueError, match="not both"):
+    study.resolve_options({"block_fraction": 1, "block_length": 16}, 16)
 
 
 def _study_config(mode: str) -> config_dict.ConfigDict:

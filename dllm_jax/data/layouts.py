@@ -113,18 +113,31 @@ class SFTLayout:
 
   @classmethod
   def for_suite(cls, tokenizer: Tokenizer, suite: TaskSuite, *, fixed_prompt: bool = True,
-                block_size: int | None = None, **kwargs) -> "SFTLayout":
+                block_size: int | None = None, answer_len: int | None = None,
+                **kwargs) -> "SFTLayout":
     """A layout every example of `suite` fits (task lengths bound byte-level token counts).
 
-    With `fixed_prompt`, P = longest prompt (+ BOS); the answer region (longest answer +
-    terminator) is rounded up to a multiple of `block_size` when given.
+    With `fixed_prompt`, P = longest prompt (+ BOS). The answer region is `answer_len` slots
+    when given (it must hold the longest answer + terminator and be a multiple of
+    `block_size`: a G set above the answers, as LLaDA's generation lengths are), else the
+    longest answer + terminator rounded up to a multiple of `block_size` when given.
     """
     add_bos = kwargs.get("add_bos", True)
     prompt_len = suite.max_prompt_len + int(add_bos)
-    answer_len = suite.max_answer_len + 1
+    needed = suite.max_answer_len + 1
     if block_size is not None:
       _check_len("block_size", block_size)
-      answer_len = -(-answer_len // block_size) * block_size
+    if answer_len is None:
+      answer_len = needed if block_size is None else -(-needed // block_size) * block_size
+    else:
+      _check_len("answer_len", answer_len)
+      if answer_len < needed:
+        raise ValueError(f"answer_len={answer_len} cannot hold the longest answer and its "
+                         f"terminator ({needed} tokens); set it to at least {needed} or "
+                         "leave it unset")
+      if block_size is not None and answer_len % block_size:
+        raise ValueError(f"answer_len={answer_len} is not a multiple of block_size="
+                         f"{block_size}; use {-(-answer_len // block_size) * block_size}")
     return cls(tokenizer, seq_len=prompt_len + answer_len,
                prompt_len=prompt_len if fixed_prompt else None, **kwargs)
 

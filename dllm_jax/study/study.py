@@ -90,8 +90,20 @@ def bind_cell(cell: dict, trained: dict, gen_length: int):
 
 
 def resolve_options(options: dict, gen_length: int) -> dict:
-  """Fills gen_length and turns `steps_fraction` (LLaDA) into a step count for this G."""
+  """Fills gen_length and turns the sizes a cell gives as a share of G into counts for this
+  G: `block_fraction` into block_length (1: one block over the canvas, vanilla LLaDA's; 0.5:
+  Fast-dLLM's two), `steps_fraction` (LLaDA) into steps. A cell written so holds for any G
+  (`--config.data.gen_length`)."""
   options = {"gen_length": gen_length, **options}
+  block_fraction = options.pop("block_fraction", None)
+  if block_fraction is not None:
+    if "block_length" in options:
+      raise ValueError("give a cell block_length or block_fraction, not both.")
+    block = options["gen_length"] * block_fraction
+    if not 0 < block_fraction <= 1 or block != int(block) or options["gen_length"] % block:
+      raise ValueError(f"block_fraction={block_fraction} must be in (0, 1] and give a block "
+                       f"length that divides G={options['gen_length']}.")
+    options["block_length"] = int(block)
   fraction = options.pop("steps_fraction", None)
   if fraction is not None:
     if not 0 < fraction <= 1:

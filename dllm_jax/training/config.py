@@ -69,6 +69,7 @@ def base_config() -> config_dict.ConfigDict:
   c.data.fixed_prompt = True           # left-pad prompts to P so answers start at P
   c.data.pad = "eos"                   # answer padding: "eos" (trained on, LLaDA) or "pad"
   c.data.block_size = config_dict.placeholder(int)  # round the answer region up to blocks
+  c.data.gen_length = config_dict.placeholder(int)  # the answer region G (None: as above)
 
   c.objective = config_dict.ConfigDict()
   c.objective.name = "mdm"
