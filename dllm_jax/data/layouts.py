@@ -113,12 +113,12 @@ class SFTLayout:
 
   @classmethod
   def for_suite(cls, tokenizer: Tokenizer, suite: TaskSuite, *, fixed_prompt: bool = True,
-                block_size: int | None = None, answer_len: int | None = None,
+                block_size: int | None = None, gen_length: int | None = None,
                 **kwargs) -> "SFTLayout":
     """A layout every example of `suite` fits (task lengths bound byte-level token counts).
 
-    With `fixed_prompt`, P = longest prompt (+ BOS). The answer region is `answer_len` slots
-    when given (it must hold the longest answer + terminator and be a multiple of
+    With `fixed_prompt`, P = longest prompt (+ BOS). The answer region G is `gen_length`
+    slots when given (it must hold the longest answer + terminator and be a multiple of
     `block_size`: a G set above the answers, as LLaDA's generation lengths are), else the
     longest answer + terminator rounded up to a multiple of `block_size` when given.
     """
@@ -127,18 +127,18 @@ class SFTLayout:
     needed = suite.max_answer_len + 1
     if block_size is not None:
       _check_len("block_size", block_size)
-    if answer_len is None:
-      answer_len = needed if block_size is None else -(-needed // block_size) * block_size
+    if gen_length is None:
+      gen_length = needed if block_size is None else -(-needed // block_size) * block_size
     else:
-      _check_len("answer_len", answer_len)
-      if answer_len < needed:
-        raise ValueError(f"answer_len={answer_len} cannot hold the longest answer and its "
+      _check_len("gen_length", gen_length)
+      if gen_length < needed:
+        raise ValueError(f"gen_length={gen_length} cannot hold the longest answer and its "
                          f"terminator ({needed} tokens); set it to at least {needed} or "
                          "leave it unset")
-      if block_size is not None and answer_len % block_size:
-        raise ValueError(f"answer_len={answer_len} is not a multiple of block_size="
-                         f"{block_size}; use {-(-answer_len // block_size) * block_size}")
-    return cls(tokenizer, seq_len=prompt_len + answer_len,
+      if block_size is not None and gen_length % block_size:
+        raise ValueError(f"gen_length={gen_length} is not a multiple of block_size="
+                         f"{block_size}; use {-(-gen_length // block_size) * block_size}")
+    return cls(tokenizer, seq_len=prompt_len + gen_length,
                prompt_len=prompt_len if fixed_prompt else None, **kwargs)
 
   @property

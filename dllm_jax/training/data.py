@@ -47,16 +47,10 @@ def make_suite(data_cfg) -> TaskSuite:
 def make_layout(data_cfg, tokenizer: Tokenizer) -> SFTLayout:
   """A prompt/answer layout every example of the mixture fits: an answer region (G) of
   `data.gen_length` slots when set, else the longest answer rounded up to `data.block_size`."""
-  gen_length = data_cfg.get("gen_length")
-  try:
-    return SFTLayout.for_suite(tokenizer, make_suite(data_cfg),
-                               fixed_prompt=bool(data_cfg.fixed_prompt),
-                               block_size=data_cfg.block_size, answer_len=gen_length,
-                               pad=data_cfg.pad)
-  except ValueError as e:  # name the config key behind the layout's answer_len
-    if gen_length is None or not str(e).startswith("answer_len"):
-      raise
-    raise ValueError(f"data.gen_length: {e}") from None
+  return SFTLayout.for_suite(tokenizer, make_suite(data_cfg),
+                             fixed_prompt=bool(data_cfg.fixed_prompt),
+                             block_size=data_cfg.block_size,
+                             gen_length=data_cfg.get("gen_length"), pad=data_cfg.pad)
 
 
 def check_compatible(model_cfg: ModelConfig, tokenizer: Tokenizer, layout: SFTLayout) -> None:
