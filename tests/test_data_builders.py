@@ -90,6 +90,20 @@ def test_prepare_reuses_prepared_data(synthetic, data_dir):
   assert other.name != synthetic.builder_config.name  # different data, different folder
 
 
+def test_building_leaves_no_temp_folders(tmp_path, monkeypatch, text_dir):
+  """Constructing an unprepared builder, preparing it and reopening it writes nothing to the
+  temp dir (TFDS's GCS metadata lookup made an empty tmp*tfds folder each time)."""
+  temp = tmp_path / "temp"
+  temp.mkdir()
+  monkeypatch.setattr("tempfile.tempdir", str(temp))
+  builders.prepare(builders.SyntheticReasoning, tmp_path / "data", tasks="arithmetic:1",
+                   num_train=8, num_test=4, seed=5)
+  builders.prepare(builders.LocalText, tmp_path / "data", path=text_dir)
+  builders.SyntheticReasoning(config=builders.SyntheticReasoningConfig.make(
+      tasks="sorting:1", num_train=8, num_test=4), data_dir=tmp_path / "unprepared")
+  assert sorted(p.name for p in temp.iterdir()) == []
+
+
 def test_named_configs_cover_every_task_and_level():
   names = {c.name for c in builders.SyntheticReasoning.BUILDER_CONFIGS}
   assert {"arithmetic_1", "sorting_5", "running_sum_3", "between_2", "mixture"} <= names

@@ -50,6 +50,20 @@ class _LocalCodePath:
     return epath.Path(__file__)
 
 
+class _LocalDatasetInfo(tfds.core.DatasetInfo):
+  """DatasetInfo of a dataset that only ever exists on this machine.
+
+  A builder whose data is not prepared yet asks `initialize_from_bucket` for TFDS's published
+  metadata, and TFDS 4.9 makes a `tmp*tfds` folder before it checks whether that lookup is
+  enabled; nothing removes it, so every construction of an unprepared builder left an empty
+  folder in the temp dir. These datasets are generated here and never published: there is
+  nothing to look up.
+  """
+
+  def initialize_from_bucket(self) -> None:
+    return None
+
+
 def _short_hash(*parts: Any) -> str:
   return hashlib.blake2b(repr(parts).encode(), digest_size=4).hexdigest()
 
@@ -102,7 +116,7 @@ class SyntheticReasoning(_LocalCodePath, tfds.core.GeneratorBasedBuilder):
 
   def _info(self) -> tfds.core.DatasetInfo:
     text = tfds.features.Text
-    return tfds.core.DatasetInfo(
+    return _LocalDatasetInfo(
         builder=self, description=self.__doc__, disable_shuffling=True,
         features=tfds.features.FeaturesDict(
             {"prompt": text(), "answer": text(), "target": text(), "task": text()}))
@@ -164,7 +178,7 @@ class LocalText(_LocalCodePath, tfds.core.GeneratorBasedBuilder):
     super().__init__(**kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return _LocalDatasetInfo(
         builder=self, description=self.__doc__, disable_shuffling=True,
         features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
 
