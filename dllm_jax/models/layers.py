@@ -129,13 +129,18 @@ class Attention(nn.Module):
     if cache_k is not None:
       k = jnp.concatenate([cache_k.astype(k.dtype), k], axis=1)
       v = jnp.concatenate([cache_v.astype(v.dtype), v], axis=1)
-    q = q.reshape(b, t, kh, h // kh, dh)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k,
+    # Head-major operands: both einsums are then batched matmuls over (B, K) with the
+    # contracted axis innermost. The same products as einsums on the token-major [B, T, K, Dh]
+    # layout, but XLA:CPU lays those out through strided copies: a training step's attention
+    # (forward + backward) at 421 slots took 1.8x as long (BENCHMARKS.md section 3).
+    q = q.reshape(b, t, kh, h // kh, dh).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, Dh]
+    k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)         # [B, K, S, Dh]
+    scores = jnp.einsum("bkgtd,bksd->bkgts", q, k,
                         preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(dh))
     visible = masks.visibility(query_ids, key_ids)[:, None, None]  # [B, 1, 1, T, S]
     scores = jnp.where(visible, scores, masks.MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h * dh)
+    out = jnp.einsum("bkgts,bksd->bkgtd", probs, v).transpose(0, 3, 1, 2, 4).reshape(b, t, h * dh)
     out = dense(cfg.d_model, ("heads", "embed"), False, "o")(out, self.deterministic)
     return out, new_kv
 
