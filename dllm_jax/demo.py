@@ -49,7 +49,10 @@ _PARTIAL = ".partial-"
 # Which model decodes with each method: the attention pattern it was trained with.
 MODEL_FOR = {"ar": "ar", "d2f": "block_diffusion", "block_diffusion": "block_diffusion",
              "llada": "mdm", "dream": "mdm", "fast_dllm": "mdm"}
-STEPS = {"ar": 800, "block_diffusion": 400, "mdm": 500}
+# The AR model's 1200 steps leave a margin over test_demo's 80% bar: at 800 the build was a
+# draw (>= 80% before 88fb79c changed attention's summation order, 69% after); at 1200 every
+# method answers 92-98% of the held-out sums.
+STEPS = {"ar": 1200, "block_diffusion": 400, "mdm": 500}
 
 
 def model_for(method: str) -> str:
