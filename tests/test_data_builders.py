@@ -91,8 +91,8 @@ def test_prepare_reuses_prepared_data(synthetic, data_dir):
 
 
 def test_building_leaves_no_temp_folders(tmp_path, monkeypatch, text_dir):
-  """Constructing an unprepared builder, preparing it and reopening it writes nothing to the
-  temp dir (TFDS's GCS metadata lookup made an empty tmp*tfds folder each time)."""
+  """Preparing a dataset with either builder, or constructing one over unprepared data, writes
+  nothing to the temp dir (TFDS's GCS metadata lookup made an empty tmp*tfds folder each time)."""
   temp = tmp_path / "temp"
   temp.mkdir()
   monkeypatch.setattr("tempfile.tempdir", str(temp))

@@ -140,7 +140,8 @@ class Attention(nn.Module):
     visible = masks.visibility(query_ids, key_ids)[:, None, None]  # [B, 1, 1, T, S]
     scores = jnp.where(visible, scores, masks.MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
-    out = jnp.einsum("bkgts,bksd->bkgtd", probs, v).transpose(0, 3, 1, 2, 4).reshape(b, t, h * dh)
+    out = jnp.einsum("bkgts,bksd->bkgtd", probs, v)                  # [B, K, G, T, Dh]
+    out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, h * dh)
     out = dense(cfg.d_model, ("heads", "embed"), False, "o")(out, self.deterministic)
     return out, new_kv
 
