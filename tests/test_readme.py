@@ -335,7 +335,7 @@ def accelerator_only(command: str, ws: Workspace) -> None:
 COMMAND_RULES: list[Rule] = [
     Rule(r"python3 -m venv \.venv|\. \.venv/bin/activate|pip install -e '\.\[test\]'|"
          r"python -m pytest -q", "what .ci/run runs in a fresh venv", in_ci),
-    Rule(r"pip install -e \.", ".ci/run installs it, with the test extra",
+    Rule(r"pip install (--no-compile )?-e \.", ".ci/run installs it, with the test extra",
          ci_installs_a_superset),
     Rule(r"python experiments/study\.py( --long| --full)?",
          "run with study_overrides (tiny models, 2 prompts)", study),
