@@ -188,6 +188,13 @@ def test_recorded_modes_follow_the_rule(models):
   assert sorted(np.asarray(out.modes).tolist()) == [0, 1, 2]
   verified = np.asarray(out.modes) == adaptive.VERIFY  # rejected at once: AR from round 1
   assert np.all(np.asarray(out.round_modes)[verified, 1] == adaptive.AR)
+  # The verified and AR rows write AR's greedy tokens, also after the PARALLEL row is done
+  # and the loop has moved on to its AR-only rounds.
+  ref = ar.ar_generate(target, CFG, tokens, valid, gen_length=G)
+  exact = np.asarray(out.modes) != adaptive.PARALLEL
+  np.testing.assert_array_equal(np.asarray(out.tokens)[exact], np.asarray(ref.tokens)[exact])
+  parallel_rounds = int((np.asarray(out.round_modes)[~exact] >= 0).sum())
+  assert parallel_rounds < int(out.steps), "no round ran after the PARALLEL row finished"
   # Round confidences are recorded where the row drafted (NaN for AR rounds).
   drafted = np.asarray(out.modes) != adaptive.AR
   np.testing.assert_array_equal(np.asarray(st.round_confidence)[drafted, 0],
