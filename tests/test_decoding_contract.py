@@ -1,6 +1,7 @@
 """What every decoding method promises alike: streaming, one option vocabulary, traced knobs
-(one compile per sweep), NaN options rejected, non-finite logits flagged, batch-invariant
-ranking and params left in place on a mesh.
+(one compile per sweep; a temperature of 0 is its own program, with no random draws), NaN
+options rejected, non-finite logits flagged, batch-invariant ranking and params left in place
+on a mesh.
 
 Each test runs every method on the tiny model with short answers (G = 8 or 16). The hybrids
 (speculative, adaptive) draft with a second random tiny model (`drafter`); selfspec drafts
@@ -192,43 +193,76 @@ def test_meaningless_inf_option_is_a_named_error(method, option):
 
 SWEEPS = {  # method -> (fixed options, {traced option: >= 3 values})
     "ar": (dict(gen_length=6),
-           {"temperature": [0.0, 0.5, 1.3], "top_k": [0, 3, 10], "top_p": [1.0, 0.9, 0.5]}),
+           {"temperature": [0.5, 1.3, 3.0], "top_k": [0, 3, 10], "top_p": [1.0, 0.9, 0.5]}),
     "llada": (dict(gen_length=8, block_length=4, steps=4, cfg_scale=0.5),
-              {"temperature": [0.0, 0.5, 1.3], "alg_temp": [0.0, 0.3, 1.0],
+              {"temperature": [0.5, 1.3, 3.0], "alg_temp": [0.3, 1.0, 3.0],
                "cfg_scale": [0.5, 1.0, 2.0]}),
     "dream": (dict(gen_length=8, block_length=4, steps=4),
-              {"temperature": [0.0, 0.5, 1.3], "alg_temp": [0.0, 0.3, 1.0]}),
+              {"temperature": [0.5, 1.3, 3.0], "alg_temp": [0.3, 1.0, 3.0]}),
     "fast_dllm": (dict(gen_length=8, block_length=4),
-                  {"threshold": [0.9, 0.5, 0.1, 2.0], "temperature": [0.0, 0.5, 1.3]}),
+                  {"threshold": [0.9, 0.5, 0.1, 2.0], "temperature": [0.5, 1.3, 3.0]}),
     "fast_dllm_factor": (dict(gen_length=8, block_length=4, rule="factor"),
                          {"factor": [1.0, 0.5, 3.0]}),
     "d2f": (dict(gen_length=8, block_length=4),
             {"tau_conf": [0.9, 0.5, 0.1], "tau_add": [0.1, 0.5, 1.0],
-             "tau_act": [0.95, 0.5, 0.0], "temperature": [0.0, 0.5, 1.3]}),
+             "tau_act": [0.95, 0.5, 0.0], "temperature": [0.5, 1.3, 3.0]}),
     "block_diffusion": (dict(gen_length=8, block_length=4),
-                        {"temperature": [0.0, 0.5, 1.3]}),
+                        {"temperature": [0.5, 1.3, 3.0]}),
 }
-_JITTED = {"ar": ar._generate, "llada": llada._generate, "dream": llada._generate,
-           "fast_dllm": fast_dllm._generate, "d2f": d2f.decode, "block_diffusion": d2f.decode}
+_JITTED = {"ar": (ar, "_generate"), "llada": (llada, "_generate"),
+           "dream": (llada, "_generate"), "fast_dllm": (fast_dllm, "_generate"),
+           "d2f": (d2f, "decode"), "block_diffusion": (d2f, "decode")}
 
 
 @pytest.mark.parametrize("name", list(SWEEPS))
 def test_sweeping_traced_options_compiles_once(model, name):
+  """Each sweep of a traced option compiles nothing new. A temperature (Dream's alg_temp) of
+  0 is its own program (base.ZERO_IS_STATIC): a sweep over positive values compiles the
+  sampling program at its first value, then nothing."""
   cfg, params = model
   cfg = cfg.replace(max_seq_len=120)  # a config no other test compiles for
   method = name.removesuffix("_factor")
   fixed, sweeps = SWEEPS[name]
-  jitted = _JITTED[method]
+  module, attr = _JITTED[method]
+  jitted = getattr(module, attr)
   rng = jax.random.key(1)
-  api.generate(params, cfg, PROMPTS, method=method, rng=rng, **fixed)
-  compiled = jitted._cache_size()
   for option, values in sweeps.items():
+    api.generate(params, cfg, PROMPTS, method=method, rng=rng, **{**fixed, option: values[0]})
+    compiled = jitted._cache_size()
     outs = [api.generate(params, cfg, PROMPTS, method=method, rng=rng,
                          **{**fixed, option: v}) for v in values]
     assert jitted._cache_size() == compiled, f"{option} recompiled"
     if option in ("temperature", "threshold", "tau_conf"):  # the knob really reaches the loop
       assert len({np.asarray(o.tokens).tobytes() + np.asarray(o.nfe).tobytes()
                   for o in outs}) > 1, option
+
+
+def _program(monkeypatch, params, cfg, method: str, **options) -> str:
+  """The jaxpr (text) of the jitted decode program `api.generate` runs for these options."""
+  module, attr = _JITTED[method]
+  jitted, calls = getattr(module, attr), []
+
+  def spy(*args, **kwargs):
+    calls.append((args, kwargs))
+    return jitted(*args, **kwargs)
+  monkeypatch.setattr(module, attr, spy)
+  api.generate(params, cfg, PROMPTS, method=method, rng=jax.random.key(1), **options)
+  monkeypatch.setattr(module, attr, jitted)
+  args, kwargs = calls[-1]
+  return str(jitted.trace(*args, **kwargs).jaxpr)
+
+
+@pytest.mark.parametrize("name", list(_JITTED))
+def test_a_greedy_program_draws_no_random_numbers(model, monkeypatch, name):
+  """Temperature 0 compiles a loop with no sampling in it (no conditional on the traced
+  temperature, no draws), and a positive temperature the sampling program; the deterministic
+  ranking (remasking by probability, alg_temp 0) keeps the greedy program draw-free."""
+  cfg, params = model
+  fixed, _ = SWEEPS[name]
+  greedy = _program(monkeypatch, params, cfg, name, **fixed, temperature=0.0)
+  sampled = _program(monkeypatch, params, cfg, name, **fixed, temperature=0.7)
+  assert "random_bits" not in greedy, f"{name}: the greedy program draws random numbers"
+  assert "random_bits" in sampled, f"{name}: the sampling program draws nothing"
 
 
 def test_traced_temperature_zero_is_exactly_greedy(model):

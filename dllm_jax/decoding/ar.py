@@ -98,17 +98,19 @@ def _next_token_view(cfg: ModelConfig) -> ModelConfig:
   return cfg.replace(shift_logits=False) if cfg.shift_logits else cfg
 
 
-def _choose(cfg: ModelConfig, knobs: dict, logits: Array, rng: Array, step,
+def _choose(cfg: ModelConfig, opts: AROptions, knobs: dict, logits: Array, rng: Array, step,
             row_step: Array) -> Array:
   """[B, V] logits -> [B] tokens, with a per-row key for loop `step` (one `rng`) or for the
-  row's response slot `row_step` [B] (per-row keys `rng` [B])."""
+  row's response slot `row_step` [B] (per-row keys `rng` [B]). Greedy `opts` (static
+  temperature 0) take the argmax with no sampling code."""
   logits = sampling.forbid(logits, (cfg.mask_token_id,))
   if sampling.is_row_keys(rng):
     keys = sampling.row_step_keys(rng, row_step)
   else:
     keys = sampling.row_keys(rng, step, logits.shape[0], knobs.get("row_offset", 0))
   return jax.vmap(lambda lg, k: sampling.sample(
-      lg, k, temperature=knobs["temperature"], top_k=knobs["top_k"], top_p=knobs["top_p"]))(
+      lg, k, temperature=base.knob(opts, knobs, "temperature"), top_k=knobs["top_k"],
+      top_p=knobs["top_p"]))(
           logits, keys)
 
 
@@ -133,7 +135,7 @@ def prefill(params, cfg: ModelConfig, opts: AROptions, tokens, valid, rng,
   logits, cache = Transformer(_next_token_view(cfg)).apply(
       {"params": params}, tokens, block_ids=masks.causal_ids(positions), positions=positions,
       valid=valid, cache=cache, write_len=p)
-  first = _choose(cfg, knobs, logits[:, -1], rng, 0, jnp.zeros((b,), jnp.int32))
+  first = _choose(cfg, opts, knobs, logits[:, -1], rng, 0, jnp.zeros((b,), jnp.int32))
   response = jnp.full((b, g), base.output_pad_id(cfg), jnp.int32).at[:, 0].set(first)
   return ARState(response=response, cache=cache, last=first, next_pos=positions[:, -1] + 1,
                  step=jnp.ones((), jnp.int32), nfe=jnp.ones((), jnp.int32),
@@ -148,7 +150,8 @@ def step(params, cfg: ModelConfig, opts: AROptions, state: ARState) -> ARState:
   logits, cache = Transformer(_next_token_view(cfg)).apply(
       {"params": params}, state.last[:, None], block_ids=masks.causal_ids(pos), positions=pos,
       cache=state.cache, write_len=1)
-  token = _choose(cfg, state.knobs, logits[:, 0], state.rng, state.step, state.committed)
+  token = _choose(cfg, opts, state.knobs, logits[:, 0], state.rng, state.step,
+                  state.committed)
   token = jnp.where(state.done, base.output_pad_id(cfg), token)
   b = token.shape[0]
   column = jnp.where(state.done, opts.gen_length, state.committed)  # done rows: dropped

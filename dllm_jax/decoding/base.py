@@ -278,12 +278,32 @@ def raise_if_nonfinite(out: DecodeOutput, on_nonfinite: str = "raise") -> Decode
   return out
 
 
+# Traced options whose zero selects a deterministic rule (temperature 0: argmax; alg_temp 0:
+# the top-k by score). The static part keeps whether each is zero (0.0, else 1.0; the value is
+# traced), so a greedy decode compiles a loop with no sampling in it (no per-step conditional
+# on the traced value, no per-slot keys: 6% of an AR step and 13% of a D2F step of the study's
+# model on XLA:CPU), while a sweep of positive values still compiles once.
+ZERO_IS_STATIC = ("temperature", "alg_temp")
+
+
 def split_options(opts, canonical: dict, dtypes: dict):
   """(static options, knobs): the options with every traced field set to its `canonical`
   value (so all sweeps share one hash: one compile) and a dict of [] arrays holding the real
-  values, which the decoder reads inside the loop."""
+  values, which the decoder reads inside the loop (through `knob`). A field in
+  ZERO_IS_STATIC keeps 0.0 when it is zero and becomes 1.0 otherwise."""
   knobs = {k: np.asarray(getattr(opts, k), dtypes.get(k, np.float32)) for k in canonical}
-  return dataclasses.replace(opts, **canonical), knobs
+  static = {k: (0.0 if getattr(opts, k) == 0 else 1.0) if k in ZERO_IS_STATIC else v
+            for k, v in canonical.items()}
+  return dataclasses.replace(opts, **static), knobs
+
+
+def knob(static, knobs: dict, name: str):
+  """The value a decoder reads for the traced option `name`: a Python 0.0 where the static
+  part says a ZERO_IS_STATIC option is zero (the deterministic rule, traced without
+  sampling), else the knob."""
+  if name in ZERO_IS_STATIC and getattr(static, name) == 0.0:
+    return 0.0
+  return knobs[name]
 
 
 def place_params(params, cfg: ModelConfig, mesh, rules):

@@ -153,7 +153,7 @@ def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
       steps_per_block=int(steps_per_block) if rule == "count" else 0,
       remasking=remasking, use_cache=bool(use_cache),
       mask_id=cfg.mask_token_id, stop_ids=base.stop_ids(cfg), pad_id=pad, window=window,
-      unmasking=unmasking)
+      unmasking=unmasking, sampled=bool(temperature > 0))
   return spec, ds.Thresholds.create(block_size, tau_add, tau_act, tau_conf, temperature,
                                     entropy_bound)
 
@@ -181,9 +181,10 @@ def _proposals(logits: Array, spec: D2FSpec, limits: ds.Thresholds, rng: Array,
     rows = sampling.row_keys(rng, 0, logits.shape[0], limits.row_offset)     # [B]
   keys = jax.vmap(lambda key, s: jax.vmap(
       lambda j: jax.random.split(jax.random.fold_in(key, j)))(s))(rows, slots)  # [B, T, 2]
-  x0 = jax.vmap(jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, limits.temperature, k)))(
+  temperature = limits.temperature if spec.sampled else 0.0  # 0.0: argmax, no draws
+  x0 = jax.vmap(jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k)))(
       logits, keys[..., 0])
-  scaled = sampling.scale(logits, limits.temperature)
+  scaled = sampling.scale(logits, temperature)
   prob = sampling.confidence(scaled, x0, "probability")
   gate = unmasking_lib.predictive_entropy(logits) if spec.unmasking == "entropy_bound" else prob
   score = prob if spec.remasking == "probability" else jax.vmap(jax.vmap(

@@ -78,6 +78,8 @@ class D2FSpec:
     mask_id, stop_ids, pad_id: special ids from the model config.
     unmasking: the count rule's schedule, "even", "cosine" or "entropy_bound"
       (`unmasking.py`); "even" for the threshold rule.
+    sampled: temperature > 0 (its value is traced, `Thresholds.temperature`); False compiles
+      the greedy proposal (argmax) with no sampling code in the loop.
   """
   block_size: int
   num_blocks: int
@@ -91,6 +93,7 @@ class D2FSpec:
   pad_id: int
   window: str = "fitted"
   unmasking: str = "even"
+  sampled: bool = False
 
   @property
   def gen_length(self) -> int:

@@ -309,7 +309,7 @@ def step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> F
                                                         jnp.int32)
     keys = jax.vmap(lambda n, r: jax.random.fold_in(jax.random.fold_in(state.rng, n), r))(
         state.forwards, rows)
-  temperature = state.knobs["temperature"]
+  temperature = base.knob(opts, state.knobs, "temperature")
   x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys)
   conf = sampling.confidence(logits, x0, "probability")
 

@@ -295,7 +295,8 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
   logits = sampling.forbid(logits, forbidden_ids(cfg, opts))
   keys = jax.vmap(lambda k: jax.random.split(k, 3))(                   # [B, 3]
       sampling.row_keys(state.rng, state.step, b, state.knobs.get("row_offset", 0)))
-  temperature = state.knobs["temperature"]
+  temperature = base.knob(opts, state.knobs, "temperature")
+  alg_temp = base.knob(opts, state.knobs, "alg_temp")
   x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys[:, 0])
   kind = REMASKING[opts.remasking]
   conf = jax.vmap(lambda lg, x, k: sampling.confidence(lg, x, kind, k))(logits, x0, keys[:, 1])
@@ -308,13 +309,13 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
     demoted = jnp.isin(x0, jnp.asarray(base.stop_ids(cfg), jnp.int32))
   if opts.adaptive:
     order = jax.vmap(lambda s, c, k: unmasking_lib.order_scores(
-        s, c, state.knobs["alg_temp"], k))(conf, candidates, keys[:, 2])
+        s, c, alg_temp, k))(conf, candidates, keys[:, 2])
     commit = unmasking_lib.entropy_bound_mask(
         order, unmasking_lib.predictive_entropy(logits), candidates,
         state.knobs["entropy_bound"], demoted)
   else:
     k = jnp.broadcast_to(jnp.asarray(schedule(opts))[state.step], (b,))
-    commit = select_ranked(conf, candidates, k, state.knobs["alg_temp"], keys[:, 2], demoted)
+    commit = select_ranked(conf, candidates, k, alg_temp, keys[:, 2], demoted)
 
   canvas = _put_block(state.canvas, jnp.where(commit, x0, block), start)
   new = state.replace(canvas=canvas, step=state.step + 1, nfe=state.nfe + 1, finite=finite,
