@@ -71,10 +71,32 @@ def test_forced_ar_equals_ar(models):
   # Round 0's drafter forward measures c0; afterwards only the target runs, one token each.
   assert int(st.drafter_forwards) == 1 and int(st.target_forwards) == rounds
   np.testing.assert_array_equal(live_rounds(out).sum(1), np.asarray(out.committed))
-  # Tagged AR rows need no confidence: no drafter forward at all.
-  out, st = run(target, drafter, tokens, valid, task_modes=TAGS, tasks=["short"] * 3)
-  same_tokens(out, ref)
-  assert int(st.drafter_forwards) == 0 and int(out.nfe) == int(st.target_forwards)
+  # Tagged AR rows need no confidence: no drafter forward at all. A greedy batch tagged AR
+  # throughout runs ar_generate's program, with the loop's tokens, rounds and records.
+  tagged, tst = run(target, drafter, tokens, valid, task_modes=TAGS, tasks=["short"] * 3)
+  same_tokens(tagged, ref)
+  assert int(tst.drafter_forwards) == 0 and int(tagged.nfe) == int(tst.target_forwards)
+  assert int(tst.target_forwards) == int(st.target_forwards) == int(ref.nfe)
+  for field in ("steps", "committed", "done", "finite", "modes", "round_modes"):
+    np.testing.assert_array_equal(np.asarray(getattr(tagged, field)),
+                                  np.asarray(getattr(out, field)), err_msg=field)
+  for field in ("round_accepted", "round_committed", "drafted", "accepted"):
+    np.testing.assert_array_equal(np.asarray(getattr(tst, field)),
+                                  np.asarray(getattr(st, field)), err_msg=field)
+  assert np.all(np.isnan(np.asarray(tst.round_confidence)))
+
+
+def test_only_a_greedy_all_ar_batch_skips_the_loop(models, monkeypatch):
+  """The plain-AR shortcut is greedy only (sampled rows keep the loop's per-row keys) and
+  needs every row tagged AR."""
+  target, drafter = models
+  tokens, valid = batch_of(PROMPTS)
+  calls = []
+  monkeypatch.setattr(adaptive, "_plain_ar",
+                      lambda *a, **k: calls.append(1) or pytest.fail("took the AR shortcut"))
+  run(target, drafter, tokens, valid, task_modes=TAGS, tasks=["short"] * 3, temperature=0.8)
+  run(target, drafter, tokens, valid, task_modes=TAGS, tasks=["short", "short", "math"])
+  assert not calls
 
 
 def block_reference(params, tokens, valid, k):

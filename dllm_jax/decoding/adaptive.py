@@ -35,6 +35,11 @@ recompiles), per row:
     the whole draft. PARALLEL and AR are final: a PARALLEL row's target cache and an AR
     row's drafter cache stop being fed, which is what lets each skip a model.
 
+A greedy batch whose every row is tagged AR is plain AR decoding, so `adaptive_generate`
+runs `ar_generate`'s program for it (the tokens, forwards and rounds the loop would give;
+the records filled in to match): the mode chosen by the task then costs nothing over AR.
+Sampled rows always take the loop, whose keys do not depend on the batch.
+
 Exactness: every VERIFY / AR commit is the target's own (greedy) choice given the prefix,
 so with every row in VERIFY or AR the output equals `ar_generate(target)` token for token
 (at temperature 0) and equals `speculative_generate(drafter="d2f")` round for round in
@@ -61,6 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dllm_jax.decoding import ar as ar_lib
 from dllm_jax.decoding import base
 from dllm_jax.decoding import speculative as spec
 from dllm_jax.decoding.drafters import diffusion_draft, unshifted
@@ -441,6 +447,31 @@ def output(cfg: ModelConfig, opts: AdaptiveOptions, state: AdaptiveState):
   return out, stats
 
 
+@functools.partial(jax.jit, static_argnames=("tcfg", "opts"))
+def _plain_ar(tparams, tokens, valid, rng, *, tcfg: ModelConfig, opts: AdaptiveOptions):
+  """(AdaptiveOutput, AdaptiveStats) of a greedy batch whose every row is tagged AR, decoded
+  by `ar_generate`'s program: the same tokens, forwards (one per round) and rounds as the
+  adaptive loop; the records are those the loop writes for AR rows. One program, so the
+  records cost no eager dispatches."""
+  static, knobs = ar_lib.AROptions(gen_length=opts.gen_length,
+                                   early_stop=opts.early_stop).split()
+  out = ar_lib._generate(tparams, tokens, valid, rng, knobs, cfg=tcfg, opts=static)  # pylint: disable=protected-access
+  b, g = out.tokens.shape
+  live = jnp.arange(g)[None, :] < out.committed[:, None]
+  round_modes = jnp.where(live, AR, NO_ROUND).astype(jnp.int32)
+  adaptive_out = AdaptiveOutput(**{f.name: getattr(out, f.name)
+                                   for f in dataclasses.fields(out)},
+                                modes=round_modes[:, 0], round_modes=round_modes)
+  zeros = jnp.zeros((b,), jnp.int32)
+  stats = AdaptiveStats(
+      target_forwards=out.nfe, drafter_forwards=jnp.zeros((), jnp.int32),
+      first_confidence=jnp.full((b,), jnp.nan, jnp.float32),
+      round_confidence=jnp.full((b, g), jnp.nan, jnp.float32),
+      round_accepted=jnp.full((b, g), -1, jnp.int32), round_committed=live.astype(jnp.int32),
+      drafted=zeros, accepted=zeros)
+  return adaptive_out, stats
+
+
 @functools.partial(jax.jit, static_argnames=("tcfg", "dcfg", "opts"))
 def _generate(tparams, dparams, prompt, valid, forced, rng, knobs, *, tcfg, dcfg, opts):
   kw = dict(tcfg=tcfg, dcfg=dcfg, opts=opts)
@@ -573,7 +604,10 @@ def adaptive_generate(target_params, target_cfg: ModelConfig, prompt_tokens, pro
   static, knobs = run.opts.split()
   rng = jax.random.key(0) if rng is None else rng
   tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
-  out, stats = _generate(target_params, drafter_params, tokens, valid, forced, rng, knobs,
-                         tcfg=target_cfg, dcfg=drafter_cfg, opts=static)
+  if static.temperature == 0.0 and np.all(forced == AR):
+    out, stats = _plain_ar(target_params, tokens, valid, rng, tcfg=target_cfg, opts=static)
+  else:
+    out, stats = _generate(target_params, drafter_params, tokens, valid, forced, rng, knobs,
+                           tcfg=target_cfg, dcfg=drafter_cfg, opts=static)
   out = base.raise_if_nonfinite(out, on_nonfinite)
   return (out, stats) if return_stats else out
