@@ -231,7 +231,17 @@ def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
 DRAFT_WIDTH = {"d_model": 48, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2, "mlp_dim": 192}
 ACCELERATED_AR_K = 4  # the accelerated AR cell's draft length
 ACCELERATED_AR_LABEL = f"speculative ar k={ACCELERATED_AR_K}"
-WITH_DRAFTER = ("short",)  # modes that train ar_draft and time the accelerated AR
+WITH_DRAFTER = ("", "short")  # modes that train ar_draft and time the accelerated AR
+# The lightweight diffusion drafter (DFlash's design: a block-diffusion drafter for an AR
+# target): `bd_draft`, the narrow network of `ar_draft` trained with the block-diffusion
+# objective at the student's block, starting from the trained `ar_draft` (AR-to-diffusion
+# adaptation, as the MDM from the AR model), with the MDM's recipe and steps. A third of a
+# speculative round of the full-width D2F student is its drafter's forward on a 2-core CPU
+# host; the narrow drafter's forward costs a fraction of it (BENCHMARKS.md section 1).
+# Trained from scratch for the same steps it drafts far worse (21 against 10 forwards a
+# long-addition prompt at k = 8), and with 800 steps from `ar_draft` too (14).
+WITH_BD_DRAFTER = ("",)
+BD_DRAFTER_KS = (8,)  # its speculative cells' draft lengths
 
 TRADEOFF = {
     "draft_lengths": (2, ACCELERATED_AR_K),
@@ -303,6 +313,14 @@ def get_config(mode: str = ""):
     for key, value in DRAFT_WIDTH.items():
       draft.model[key] = value
     c.eval.accelerated_ar_label = ACCELERATED_AR_LABEL
+  if mode in WITH_BD_DRAFTER:
+    bd = c.models.bd_draft = config_dict.ConfigDict(c.models.mdm.to_dict())
+    for key, value in DRAFT_WIDTH.items():
+      bd.model[key] = value
+    bd.objective.name = "block_diffusion"
+    bd.objective.options = {"block_size": train_block, "sft": True}
+    bd.decode.method = "block_diffusion"
+    bd.decode.options = {"block_length": train_block}
   c.models.d2f.objective.options = {"block_size": train_block}
   c.models.d2f.decode.options = {"block_length": train_block}
 
@@ -326,6 +344,9 @@ def get_config(mode: str = ""):
   c.methods = _methods(mode, _gen_length(c.data), train_block, tasks)
   if mode in WITH_DRAFTER:
     c.methods.insert(1, _accelerated_ar(ACCELERATED_AR_K))
+  if mode in WITH_BD_DRAFTER:  # beside the other speculative cells
+    last = max(i for i, m in enumerate(c.methods) if m["method"] == "speculative")
+    c.methods[last + 1:last + 1] = [_bd_speculative(k) for k in BD_DRAFTER_KS]
   c.lock()
   return c
 
@@ -354,6 +375,14 @@ def _accelerated_ar(k: int, **extra):
   """Speculative AR: the AR model verifies drafts of k tokens from the narrow AR drafter."""
   return {"method": "speculative", "label": f"speculative ar k={k}", "model": "ar",
           "drafter": "ar_draft", "options": {"drafter": "ar", "draft_length": k}, **extra}
+
+
+def _bd_speculative(k: int):
+  """Speculative decoding with the narrow block-diffusion drafter `bd_draft`: it drafts k
+  tokens in one forward over its exact cache, the AR model verifies them in one (greedy:
+  AR's output, token for token)."""
+  return {"method": "speculative", "label": f"speculative narrow-bd k={k}", "model": "ar",
+          "drafter": "bd_draft", "options": {"drafter": "d2f", "draft_length": k}}
 
 
 def _step_counts(k: int, divisors) -> list[int]:

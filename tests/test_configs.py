@@ -174,8 +174,17 @@ def test_default_study_mode_mixes_safe_short_and_failing_tasks():
   assert tagged and all(c["method"] == "adaptive" and c["calibrate"] for c in tagged)
   assert all("task_modes" not in c["options"] for c in tagged)
   labels = [c["label"] for c in study.methods]
-  assert labels == [l for l in labels if l in module.DEFAULT_CELLS] and len(labels) == len(
-      module.DEFAULT_CELLS)
+  # The compact grid, plus the cells of the two narrow drafters: the accelerated AR baseline
+  # (speculative AR, `ar_draft`) and the lightweight diffusion drafter (`bd_draft`).
+  drafter_cells = [module.ACCELERATED_AR_LABEL] + [
+      f"speculative narrow-bd k={k}" for k in module.BD_DRAFTER_KS]
+  assert sorted(labels) == sorted(list(module.DEFAULT_CELLS) + drafter_cells)
+  assert len(set(labels)) == len(labels)
+  bd = study.models.bd_draft
+  assert bd.objective.name == "block_diffusion" and bd.model.shift_logits
+  assert bd.objective.options["block_size"] == study.models.d2f.objective.options["block_size"]
+  assert {k: bd.model[k] for k in module.DRAFT_WIDTH} == module.DRAFT_WIDTH
+  assert bd.train.steps == study.models.mdm.train.steps
   assert module.get_config("short").data.tasks == "arithmetic:1"
 
 

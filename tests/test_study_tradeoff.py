@@ -211,6 +211,17 @@ def test_training_order_puts_sources_first():
       "ar_draft", "mdm_cosine", "mdm_linear", "mdm_polynomial"]
 
 
+def test_training_order_puts_a_started_model_after_its_source(monkeypatch):
+  """A model of STARTS_FROM trains right after its source whatever the key order (the
+  default mode's bd_draft after ar_draft; a ConfigDict lists its keys sorted)."""
+  default = _study_config("")
+  assert models_lib.training_order(default) == ["ar", "mdm", "d2f", "ar_draft", "bd_draft"]
+  assert models_lib.init_source(default, "bd_draft") == "ar_draft"
+  monkeypatch.setitem(models_lib.STARTS_FROM, "a_child", "z_source")
+  fake = config_dict.ConfigDict({"models": {"a_child": {}, "ar": {}, "z_source": {}}})
+  assert models_lib.training_order(fake) == ["ar", "z_source", "a_child"]
+
+
 def test_tradeoff_flag_expands():
   assert study.expand_mode_flags(["study.py", "--tradeoff"]) == [
       "study.py", "--config=configs/study.py:tradeoff"]

@@ -5,7 +5,8 @@ Each model is an ordinary training run (`dllm_jax.training.trainer.train`) in
 loaded at that step without training (a run with another config is refused, naming the
 differences), and an interrupted one resumes. The D2F student starts from the MDM
 run (`train.init_from`), and with `mdm_from_ar` the MDM from the AR run (`init_source`), so
-the three models share tokenizer, task suite and canvas layout. The data is the package's TFDS
+the three models share tokenizer, task suite and canvas layout; the default mode's narrow
+block-diffusion drafter `bd_draft` starts from the narrow AR drafter `ar_draft`. The data is the package's TFDS
 path: array_record files under `<workdir>/data` (`study_data`), built once by
 `builders.prepare` and read with `tfds.data_source`; `check_records` confirms they hold the
 synthetic generator's records, so models cached from either source are the same models.
@@ -34,6 +35,9 @@ from dllm_jax.training import data as data_lib
 from dllm_jax.training import trainer
 
 ORDER = ("ar", "mdm", "d2f")  # d2f distils from mdm (and mdm may start from ar): these first
+# Models that always start from another study model's trained params (`init_source`); each
+# follows its source in config order (ar_draft before bd_draft).
+STARTS_FROM = {"d2f": "mdm", "bd_draft": "ar_draft"}
 TRAIN_RECORD = "study_train.json"  # <run dir>/: the wall time and final metrics of training
 DATA_DIR = "data"  # <workdir>/data: the study's TFDS array_record files
 # Keys that choose where the records come from, not which records: a cached model trained on
@@ -50,9 +54,21 @@ def run_dir(workdir, name: str) -> Path:
 def training_order(study_config) -> list[str]:
   """The study's model names in training order: ORDER's first (each starts from one before
   it), then the mode's other models in config order (the narrow AR drafter, from scratch;
-  the trade-off mode's schedule MDMs, which start as the MDM does: `init_source`)."""
+  the trade-off mode's schedule MDMs, which start as the MDM does: `init_source`), each
+  model of STARTS_FROM right after its source."""
   names = list(study_config.models.keys())
-  return [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]
+  order: list[str] = []
+
+  def place(name):
+    if name not in order:
+      source = STARTS_FROM.get(name)
+      if source in names:
+        place(source)
+      order.append(name)
+
+  for name in [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]:
+    place(name)
+  return order
 
 
 def train_record(workdir, name: str) -> dict | None:
@@ -107,9 +123,10 @@ def init_source(study_config, name: str) -> str | None:
   MDM; the MDM from the AR model when `mdm_from_ar` (AR-to-diffusion adaptation, as Dream
   from Qwen2.5: the same network and vocabulary, so every leaf carries over; the [MASK]
   embedding row, which AR training never feeds, starts where AR training left it); the
-  trade-off mode's schedule MDMs start as the MDM does."""
-  if name == "d2f":
-    return "mdm"
+  trade-off mode's schedule MDMs start as the MDM does; the narrow block-diffusion drafter
+  from the narrow AR drafter (the same adaptation at the drafters' width)."""
+  if name in STARTS_FROM:
+    return STARTS_FROM[name]
   if is_mdm(name) and study_config.get("mdm_from_ar", False):
     return "ar"
   return None

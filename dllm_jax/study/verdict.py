@@ -145,7 +145,7 @@ CLAIMS = (
           "within 2 points", "fast_dllm", "llada", 27.6, 2.0,
           "LLaDA GSM8K, A100, batch 1: 27.6x at length 1024 (8.1x at length 256, 79.3 -> "
           "78.5 accuracy)"),
-    Claim("lossless_hybrid", "Speculative (D2F drafter, AR verifier): AR's accuracy exactly, "
+    Claim("lossless_hybrid", "Speculative (diffusion drafter, AR verifier): AR's accuracy exactly, "
           ">= 5 response tokens per AR-verifier forward, >= 1.2x AR tokens/s", "speculative",
           "ar", 1.2, 0.0, "DFlash: 6.2x lossless on Qwen3-8B; TiDAR 4.71-5.91x over AR (H100, "
           "batch 1)", accuracy_on="all", speed_on="task", exact=True,
