@@ -29,7 +29,10 @@ Modes:
          model with Dream's shifted logits (AR-to-diffusion adaptation: measured on long
          addition, 1500 steps reach the masked-token accuracy the from-scratch MDM needs
          ~3400 for, BENCHMARKS.md section 1); the D2F student (block 16) starts from it.
-         Training takes ~11 of the 15 minutes (AR 900 steps, MDM 1500, student 500).
+         Two narrow drafters (d 48, 2 layers) train after them: `ar_draft` (AR, 900 steps:
+         the accelerated AR baseline, speculative AR) and `bd_draft`, a block-diffusion
+         drafter adapted from it (1500 steps; DFlash's lightweight drafter for an AR
+         target). Training takes ~8-11 of the 15 minutes.
          A compact grid (DEFAULT_CELLS); the task-tagged adaptive cell's tag -> mode map is
          fitted on a calibration split (below).
   short  two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16): the regime where
