@@ -238,7 +238,7 @@ WITH_DRAFTER = ("", "short")  # modes that train ar_draft and time the accelerat
 # The lightweight diffusion drafter (DFlash's design: a block-diffusion drafter for an AR
 # target): `bd_draft`, the narrow network of `ar_draft` trained with the block-diffusion
 # objective at the student's block, starting from the trained `ar_draft` (AR-to-diffusion
-# adaptation, as the MDM from the AR model), with the MDM's recipe and steps. A third of a
+# adaptation, as the MDM from the AR model), with the MDM's recipe and steps. Over half of a
 # speculative round of the full-width D2F student is its drafter's forward on a 2-core CPU
 # host; the narrow drafter's forward costs a fraction of it (BENCHMARKS.md section 1).
 # Trained from scratch for the same steps it drafts far worse (21 against 10 forwards a
