@@ -312,14 +312,10 @@ def get_config(mode: str = ""):
   c.eval = config_dict.ConfigDict()
   c.eval.accelerated_ar_label = config_dict.placeholder(str)  # None: no accelerated AR
   if mode in WITH_DRAFTER:
-    draft = c.models.ar_draft = config_dict.ConfigDict(c.models.ar.to_dict())
-    for key, value in DRAFT_WIDTH.items():
-      draft.model[key] = value
+    c.models.ar_draft = _narrow(c.models.ar)
     c.eval.accelerated_ar_label = ACCELERATED_AR_LABEL
   if mode in WITH_BD_DRAFTER:
-    bd = c.models.bd_draft = config_dict.ConfigDict(c.models.mdm.to_dict())
-    for key, value in DRAFT_WIDTH.items():
-      bd.model[key] = value
+    bd = c.models.bd_draft = _narrow(c.models.mdm)
     bd.objective.name = "block_diffusion"
     bd.objective.options = {"block_size": train_block, "sft": True}
     bd.decode.method = "block_diffusion"
@@ -372,6 +368,14 @@ def _tradeoff_config():
   c.eval.llada_vanilla_label = f"llada even s={g}"
   c.lock()
   return c
+
+
+def _narrow(model_config):
+  """A copy of a study model's training config at the drafters' width (DRAFT_WIDTH)."""
+  narrow = config_dict.ConfigDict(model_config.to_dict())
+  for key, value in DRAFT_WIDTH.items():
+    narrow.model[key] = value
+  return narrow
 
 
 def _accelerated_ar(k: int, **extra):

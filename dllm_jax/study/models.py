@@ -6,8 +6,8 @@ loaded at that step without training (a run with another config is refused, nami
 differences), and an interrupted one resumes. The D2F student starts from the MDM
 run (`train.init_from`), and with `mdm_from_ar` the MDM from the AR run (`init_source`), so
 the three models share tokenizer, task suite and canvas layout; the default mode's narrow
-block-diffusion drafter `bd_draft` starts from the narrow AR drafter `ar_draft`. The data is the package's TFDS
-path: array_record files under `<workdir>/data` (`study_data`), built once by
+block-diffusion drafter `bd_draft` starts from the narrow AR drafter `ar_draft`. The data is
+the package's TFDS path: array_record files under `<workdir>/data` (`study_data`), built once by
 `builders.prepare` and read with `tfds.data_source`; `check_records` confirms they hold the
 synthetic generator's records, so models cached from either source are the same models.
 A student's LoRA adapters are merged into its weights before decoding (`for_decoding`), as
@@ -35,8 +35,8 @@ from dllm_jax.training import data as data_lib
 from dllm_jax.training import trainer
 
 ORDER = ("ar", "mdm", "d2f")  # d2f distils from mdm (and mdm may start from ar): these first
-# Models that always start from another study model's trained params (`init_source`); each
-# follows its source in config order (ar_draft before bd_draft).
+# Models that always start from another study model's trained params (`init_source`);
+# `training_order` puts each right after its source.
 STARTS_FROM = {"d2f": "mdm", "bd_draft": "ar_draft"}
 TRAIN_RECORD = "study_train.json"  # <run dir>/: the wall time and final metrics of training
 DATA_DIR = "data"  # <workdir>/data: the study's TFDS array_record files
