@@ -19,6 +19,7 @@ from dllm_jax.decoding import ar, selfspec, speculative
 from dllm_jax.decoding.base import pad_prompts
 from dllm_jax.diffusion.objectives import make_objective
 from dllm_jax.models import abstract_params, forward, get_preset
+from dllm_jax.models.transformer import Transformer
 
 CFG = get_preset("tiny")
 G, K = 12, 3
@@ -167,13 +168,55 @@ def test_greedy_equals_ar_on_trained_models(trained, random_models, kind):
   assert loss < 1.0, f"the tiny target did not train (loss {loss})"
   tokens, valid = batch_of(COUNT_PROMPTS, 7)
   ref = ar.ar_generate(target, CFG, tokens, valid, gen_length=G)
-  drafter = target if kind == "ar" else drafter
+  # The target is selfspec-trained: an AR model, and a drafter in the "selfspec" layout.
+  drafter = target if kind in ("ar", "selfspec") else drafter
   out, st = spec(target, drafter, kind, tokens, valid)
   same_tokens(out, ref)
   per_forward = np.asarray(out.committed).sum() / np.asarray(st.rounds).sum()
   print(f"{kind} drafter: {per_forward:.2f} tokens per target forward, "
         f"{int(st.drafter_forwards)} drafter forwards")
   assert per_forward > 1.5  # trained drafters get whole blocks accepted
+
+
+def test_selfspec_drafter_drafts_in_its_training_layout(random_models, monkeypatch):
+  """Every round's draft of a "selfspec" drafter equals the greedy mask block of one uncached
+  forward in `selfspec_loss`'s layout (ids = positions, the prompt's too; the k masks at the
+  next k positions with the id of the first): left padding, the drafter's cache, and the
+  prefix the target accepted change nothing."""
+  target, stranger = random_models
+  seen = []
+  real = speculative.diffusion_draft
+
+  def spy(dparams, dcfg, opts, forbid, context, cache, block_id, block_pos):
+    drafts, conf, cache = real(dparams, dcfg, opts, forbid, context, cache, block_id, block_pos)
+    jax.debug.callback(lambda pos, d: seen.append((np.asarray(pos), np.asarray(d))),
+                       block_pos, drafts)
+    return drafts, conf, cache
+
+  monkeypatch.setattr(speculative, "diffusion_draft", spy)
+  speculative._generate.clear_cache()  # trace the spy, and leave no program holding it
+  try:
+    tokens, valid = batch_of(PROMPTS)
+    out, _ = spec(target, stranger, "selfspec", tokens, valid)
+  finally:
+    speculative._generate.clear_cache()
+  ref = ar.ar_generate(target, CFG, tokens, valid, gen_length=G)
+  same_tokens(out, ref)
+  checked = 0
+  for pos, drafts in seen:
+    for r, prompt in enumerate(PROMPTS):
+      n = int(pos[r]) - len(prompt)  # the block starts after n committed tokens
+      if n > int(ref.lengths[r]):
+        continue
+      clean = list(prompt) + [int(t) for t in np.asarray(ref.tokens[r, :n])]
+      ids = jnp.asarray(list(range(len(clean))) + [len(clean)] * K, jnp.int32)[None]
+      logits = Transformer(CFG).apply(
+          {"params": stranger}, jnp.asarray([clean + [CFG.mask_token_id] * K], jnp.int32),
+          block_ids=ids, positions=jnp.arange(len(clean) + K, dtype=jnp.int32)[None])
+      want = speculative.greedy(logits[0, len(clean):], (CFG.mask_token_id,))
+      np.testing.assert_array_equal(drafts[r], np.asarray(want), err_msg=f"row {r}, n={n}")
+      checked += 1
+  assert checked >= len(PROMPTS) * 2, f"only {checked} drafts checked"
 
 
 # A drafter much smaller than the target: every width differs (D, layers, heads, K/V heads,

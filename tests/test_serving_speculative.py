@@ -4,7 +4,7 @@ References: each prompt's one-prompt `generate([prompt], method="speculative",
 rng=request_keys([seed]))` with the lane's drafter and options, cut before the request's stop
 ids and at max_new_tokens; greedy lanes also equal AR greedy (`generate(method="ar")`) token
 for token. Drafters: the target's own weights read as a D2F (block-causal) drafter, which
-rejects most drafts, and as an AR drafter, which accepts whole blocks (greedy and sampled:
+rejects most drafts (and as a "selfspec" one, causal context), and as an AR drafter, which accepts whole blocks (greedy and sampled:
 q = p), so both rollback and the AR drafter's pending token run inside the engine; and a
 narrower, shallower random AR drafter (the accelerated AR baseline's shape: its cache differs
 from the target's), which rejects most drafts.
@@ -35,6 +35,9 @@ LANES = {  # lane -> (drafter kind, sampling options)
     "ar_greedy": ("ar", {}),
     "ar_sampled": ("ar", dict(temperature=0.8)),
     "block_diffusion_greedy": ("block_diffusion", {}),
+    # Ids = positions for the prompt too: the engine's re-padding of admitted rows must keep
+    # them (they count from each row's first real token, not from the padded width).
+    "selfspec_greedy": ("selfspec", {}),
     # The accelerated AR baseline: a narrower, shallower AR drafter with its own cache shape.
     "ar_narrow_greedy": ("ar", {}),
 }
@@ -71,6 +74,7 @@ def alone(params, options, requests):
     pytest.param("ar_greedy", marks=pytest.mark.slow),
     pytest.param("ar_sampled", marks=pytest.mark.slow),
     pytest.param("block_diffusion_greedy", marks=pytest.mark.slow),
+    pytest.param("selfspec_greedy", marks=pytest.mark.slow),
     pytest.param("ar_narrow_greedy", marks=pytest.mark.slow)])
 def test_outputs_equal_alone(params, lane):
   options = lane_options(params, lane)

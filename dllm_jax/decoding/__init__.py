@@ -21,7 +21,8 @@ Option vocabulary (one name and one default per concept; `api.option_names(metho
   draft_length    4 (selfspec 3)    hybrids              static   tokens drafted per round
   drafter_params, drafter_cfg       speculative,         -        the drafting model (same
                                     adaptive                      tokenizer as the target)
-  drafter         "d2f"             speculative          static   "ar", "d2f", "block_diffusion"
+  drafter         "d2f"             speculative          static   "ar", "d2f", "block_diffusion",
+                                                                  "selfspec"
   steps           gen_length        llada, dream         static   forwards in total
   remasking       "low_confidence"  llada (dream:        static   confidence ranking
                   "entropy")

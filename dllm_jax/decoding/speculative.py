@@ -15,6 +15,10 @@ Each round (one iteration of one jitted `lax.while_loop`, every row its own curs
        (as trained), response token j id 1 + j (a clean causal context, so its cached K/V is
        final the moment it is written), and the mask block one shared id 1 + n (it sees the
        whole prefix and itself; nothing sees it; it is never cached).
+     - "selfspec": a diffusion drafter trained by `objectives.selfspec_loss` (TiDAR's draft
+       block): the same one-forward draft, in the layout it was trained on: every clean
+       token, the prompt's too, carries its position as id (causal), and the mask block the
+       id of its first slot's position (one above the last clean token's).
   2. The AR target runs ONE causal forward over its cache on `[last, d_1 .. d_k]` (k + 1
      slots; the first round forwards `prompt ++ d_1 .. d_k`, so there is no separate prefill):
      slot j predicts the token after it, i.e. p_1 .. p_k for the drafts and p_{k+1} (bonus).
@@ -41,7 +45,7 @@ Acceptance rule (what is exact):
 
 NFE: `nfe = target_forwards + drafter_forwards` (batched calls, each counted once).
 Per round: 1 target forward; k drafter forwards ("ar"); `draft_steps` ("d2f",
-"block_diffusion"). With `return_stats=True` a `SpecStats` reports them separately, plus per
+"block_diffusion", "selfspec"). With `return_stats=True` a `SpecStats` reports them separately, plus per
 row the rounds it was live, drafts offered and drafts accepted:
 tokens per target forward = committed / rounds.
 
@@ -72,7 +76,9 @@ from dllm_jax.models.config import ModelConfig
 from dllm_jax.models.transformer import Transformer, project
 
 Array = jnp.ndarray
-DRAFTERS = ("ar", "d2f", "block_diffusion")
+DRAFTERS = ("ar", "d2f", "block_diffusion", "selfspec")
+# Diffusion drafters whose clean tokens are causal (ids = positions), not block-causal.
+CAUSAL_CONTEXT = ("selfspec",)
 
 
 class VocabMismatchError(ValueError):
@@ -101,10 +107,10 @@ class SpecOptions:
 
   Attributes:
     gen_length: G, the most tokens generated per row.
-    drafter: "ar", "d2f" or "block_diffusion" (see the module docstring).
+    drafter: "ar", "d2f", "block_diffusion" or "selfspec" (see the module docstring).
     draft_length: k, tokens drafted and verified per round (1 <= k <= G).
     draft_steps: forwards a diffusion drafter spends on a block (1..k; 0 = its default:
-      1 for "d2f", k for "block_diffusion"); must be 0 for "ar".
+      1 for "d2f" and "selfspec", k for "block_diffusion"); must be 0 for "ar".
     temperature, top_k, top_p: the target's sampling, as in `ar_generate`.
     early_stop: exit once every row is done.
   """
@@ -134,7 +140,7 @@ class SpecOptions:
     """Drafter forwards per block of a diffusion drafter."""
     if self.draft_steps:
       return self.draft_steps
-    return 1 if self.drafter == "d2f" else self.draft_length
+    return self.draft_length if self.drafter == "block_diffusion" else 1
 
 
 @flax.struct.dataclass
@@ -319,10 +325,10 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions
                                        round_keys(rng, 0, zeros, 0))
     d_forwards = k
   else:
-    context = (prompt, jnp.zeros_like(prompt), ppos, valid, write_p,
-               jnp.full((b,), p - 1, jnp.int32))
+    context = (prompt, _context_ids(opts, ppos, jnp.zeros_like(prompt)), ppos, valid,
+               write_p, jnp.full((b,), p - 1, jnp.int32))
     drafts, conf, dcache = diffusion_draft(dparams, dcfg, opts, forbid, context, dcache,
-                                           jnp.ones((b,), jnp.int32), prompt_len)
+                                           _context_ids(opts, prompt_len, 1), prompt_len)
     q, d_forwards, d_ok = None, opts.steps, jnp.isfinite(conf).all(-1)
   chunk = (jnp.concatenate([prompt, drafts], 1),
            jnp.concatenate([ppos, prompt_len[:, None] + jnp.arange(k, dtype=jnp.int32)], 1),
@@ -345,6 +351,14 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions
       drafted=jnp.full((b,), k, jnp.int32),
       accepted=accepted, step=jnp.ones((), jnp.int32), target_forwards=jnp.ones((), jnp.int32),
       drafter_forwards=jnp.asarray(d_forwards, jnp.int32))
+
+
+def _context_ids(opts: SpecOptions, positions, block_causal):
+  """A diffusion drafter's block ids: its positions for a causal-context drafter
+  (CAUSAL_CONTEXT: the prompt causal too, the mask block at its first slot's position),
+  else the block-causal layout's ids (prompt 0, response token j 1 + j, the block 1 + n)."""
+  ids = positions if opts.drafter in CAUSAL_CONTEXT else block_causal
+  return jnp.broadcast_to(jnp.asarray(ids, jnp.int32), jnp.shape(positions))
 
 
 def _drafter_capacity(p: int, opts: SpecOptions) -> int:
@@ -383,10 +397,13 @@ def _step(tparams, dparams, state: SpecState, *, tcfg, dcfg, opts: SpecOptions) 
     j = cached[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
     valid = (j < state.n[:, None]) & live[:, None]
     write = jnp.where(live, state.n - cached, 0)
-    context = (take(j), 1 + j, state.prompt_len[:, None] + j, valid, write,
+    pos = state.prompt_len[:, None] + j
+    context = (take(j), _context_ids(opts, pos, 1 + j), pos, valid, write,
                jnp.maximum(write - 1, 0))
+    block_pos = state.prompt_len + state.n
     drafts, conf, dcache = diffusion_draft(dparams, dcfg, opts, forbid, context, state.dcache,
-                                           1 + state.n, state.prompt_len + state.n)
+                                           _context_ids(opts, block_pos, 1 + state.n),
+                                           block_pos)
     q, d_forwards, d_ok = None, opts.steps, jnp.isfinite(conf).all(-1)
   chunk_pos = last_pos[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
   chunk = (jnp.concatenate([last[:, None], drafts], 1), chunk_pos,
@@ -543,10 +560,11 @@ def speculative_generate(target_params, target_cfg: ModelConfig, prompt_tokens,
       serving engine's per-request keys; `round_keys`).
     drafter_params, drafter_cfg: the drafter (required); it must share the target's
       tokenizer (VocabMismatchError otherwise). Diffusion drafters need a mask_token_id.
-    drafter: "ar" (small causal LM), "d2f" or "block_diffusion" (block-causal diffusion LM).
+    drafter: "ar" (small causal LM), "d2f" or "block_diffusion" (block-causal diffusion LM),
+      "selfspec" (a diffusion LM trained by `selfspec_loss`: causal context, one mask block).
     gen_length: G. draft_length: k tokens drafted per round, 1 <= k <= G.
-    draft_steps: forwards per drafted block for diffusion drafters (0: 1 for "d2f", k for
-      "block_diffusion").
+    draft_steps: forwards per drafted block for diffusion drafters (0: 1 for "d2f" and
+      "selfspec", k for "block_diffusion").
     temperature, top_k, top_p: the target's sampling (as `ar_generate`); the output is
       distributed exactly as AR sampling, and equals AR greedy at temperature 0.
     early_stop: leave the loop once every row is done (the loop never runs past that either
