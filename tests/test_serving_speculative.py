@@ -4,8 +4,9 @@ References: each prompt's one-prompt `generate([prompt], method="speculative",
 rng=request_keys([seed]))` with the lane's drafter and options, cut before the request's stop
 ids and at max_new_tokens; greedy lanes also equal AR greedy (`generate(method="ar")`) token
 for token. Drafters: the target's own weights read as a D2F (block-causal) drafter, which
-rejects most drafts (and as a "selfspec" one, causal context), and as an AR drafter, which accepts whole blocks (greedy and sampled:
-q = p), so both rollback and the AR drafter's pending token run inside the engine; and a
+rejects most drafts (and as a "selfspec" one, whose ids are positions), and as an AR
+drafter, which accepts whole blocks (greedy and sampled: q = p), so both rollback and the
+AR drafter's pending token run inside the engine; and a
 narrower, shallower random AR drafter (the accelerated AR baseline's shape: its cache differs
 from the target's), which rejects most drafts.
 

@@ -45,8 +45,8 @@ Acceptance rule (what is exact):
 
 NFE: `nfe = target_forwards + drafter_forwards` (batched calls, each counted once).
 Per round: 1 target forward; k drafter forwards ("ar"); `draft_steps` ("d2f",
-"block_diffusion", "selfspec"). With `return_stats=True` a `SpecStats` reports them separately, plus per
-row the rounds it was live, drafts offered and drafts accepted:
+"block_diffusion", "selfspec"). With `return_stats=True` a `SpecStats` reports them
+separately, plus per row the rounds it was live, drafts offered and drafts accepted:
 tokens per target forward = committed / rounds.
 
 Non-finite logits: a row is flagged (`DecodeOutput.finite` False, tokens pad, length 0) when a

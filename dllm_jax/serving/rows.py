@@ -44,8 +44,9 @@ Registered (`DECODERS`; `register` adds one, with no change to the engine):
                    built at P). Its static part (`FastStatic`) carries the [MASK] id by which
                    `progress` reads decided slots. Its state keeps the axis rule.
   speculative      `speculative_rows.SpeculativeRows`: a drafter ("ar", "d2f",
-                   "block_diffusion", "selfspec") proposes k tokens, the AR target verifies them; two
-                   caches per slot, per-row acceptance and rollback (see that module).
+                   "block_diffusion", "selfspec") proposes k tokens, the AR target verifies
+                   them; two caches per slot, per-row acceptance and rollback (see that
+                   module).
 Llada and Dream share one step schedule across the batch (`NOT_PER_ROW`): not served.
 """
 
