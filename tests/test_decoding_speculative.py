@@ -202,6 +202,21 @@ def test_selfspec_drafter_drafts_in_its_training_layout(random_models, monkeypat
     speculative._generate.clear_cache()
   ref = ar.ar_generate(target, CFG, tokens, valid, gen_length=G)
   same_tokens(out, ref)
+  width = max(map(len, PROMPTS)) + G
+
+  @jax.jit
+  def reference(clean, length):
+    """The greedy mask block after clean[:length] ([width], padded), one uncached forward."""
+    slot = jnp.arange(width + K, dtype=jnp.int32)
+    block = slot >= width
+    ids = jnp.where(block, length, slot)                    # ids = positions; block: one id
+    positions = jnp.where(block, length + slot - width, slot)
+    tokens = jnp.concatenate([clean, jnp.full((K,), CFG.mask_token_id, jnp.int32)])
+    logits = Transformer(CFG).apply({"params": stranger}, tokens[None], block_ids=ids[None],
+                                    positions=positions[None],
+                                    valid=((slot < length) | block)[None])
+    return speculative.greedy(logits[0, width:], (CFG.mask_token_id,))
+
   checked = 0
   for pos, drafts in seen:
     for r, prompt in enumerate(PROMPTS):
@@ -209,11 +224,7 @@ def test_selfspec_drafter_drafts_in_its_training_layout(random_models, monkeypat
       if n > int(ref.lengths[r]):
         continue
       clean = list(prompt) + [int(t) for t in np.asarray(ref.tokens[r, :n])]
-      ids = jnp.asarray(list(range(len(clean))) + [len(clean)] * K, jnp.int32)[None]
-      logits = Transformer(CFG).apply(
-          {"params": stranger}, jnp.asarray([clean + [CFG.mask_token_id] * K], jnp.int32),
-          block_ids=ids, positions=jnp.arange(len(clean) + K, dtype=jnp.int32)[None])
-      want = speculative.greedy(logits[0, len(clean):], (CFG.mask_token_id,))
+      want = reference(jnp.asarray(clean + [0] * (width - len(clean)), jnp.int32), len(clean))
       np.testing.assert_array_equal(drafts[r], np.asarray(want), err_msg=f"row {r}, n={n}")
       checked += 1
   assert checked >= len(PROMPTS) * 2, f"only {checked} drafts checked"
