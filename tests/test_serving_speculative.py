@@ -6,9 +6,9 @@ ids and at max_new_tokens; greedy lanes also equal AR greedy (`generate(method="
 for token. Drafters: the target's own weights read as a D2F (block-causal) drafter, which
 rejects most drafts (and as a "selfspec" one, whose ids are positions), and as an AR
 drafter, which accepts whole blocks (greedy and sampled: q = p), so both rollback and the
-AR drafter's pending token run inside the engine; and a
-narrower, shallower random AR drafter (the accelerated AR baseline's shape: its cache differs
-from the target's), which rejects most drafts.
+AR drafter's pending token run inside the engine; and a narrower, shallower random AR
+drafter (the accelerated AR baseline's shape: its cache differs from the target's), which
+rejects most drafts.
 
 Compile budget: one engine shape per lane (3 slots < 12 requests, one step per run, buckets
 8 and 16, admit size 3: two admission programs and one run program); the one-prompt
