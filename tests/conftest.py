@@ -63,6 +63,40 @@ def pytest_unconfigure(config):
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 
+def _machine_lock_dir(config) -> str:
+  """A directory every xdist worker of this run sees (the controller's base temp's parent)."""
+  base = config._tmp_path_factory.getbasetemp()
+  return str(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  """Tests marked `exclusive` run with the machine to themselves: a test that times itself
+  against a budget "on 2 cores" (the quickstart notebook) must not share them with the other
+  xdist worker. Every other test holds a shared lock from its setup to its teardown (module
+  and session fixtures included); an exclusive one takes the lock exclusively, so it starts
+  once the other worker's current test ends and that worker waits until it is done. New
+  shared holders pass a turnstile that the exclusive test holds while it waits, so a
+  stream of short tests cannot starve it."""
+  import fcntl
+  root = _machine_lock_dir(item.config)
+  exclusive = item.get_closest_marker("exclusive") is not None
+  with open(os.path.join(root, "dllm_jax_machine.turnstile"), "a") as turnstile, \
+       open(os.path.join(root, "dllm_jax_machine.lock"), "a") as lock:
+    fcntl.flock(turnstile, fcntl.LOCK_EX)
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    finally:
+      if not exclusive:
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+      if exclusive:
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
 def pytest_collection_modifyitems(config, items):
   rank = {name: i for i, name in enumerate(LONG_FILES)}
   items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable otherwise
