@@ -51,7 +51,9 @@ def run_suite(tmp_path: Path, hooked: bool) -> list:
   spans = tmp_path / "spans.jsonl"
   proc = subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-       "--dist", "loadfile", "-W", "ignore::pytest.PytestUnknownMarkWarning", str(tmp_path)],
+       "--dist", "loadfile", "-W", "ignore::pytest.PytestUnknownMarkWarning",
+       # its own base temp: pytest's numbered ones under /tmp are pruned by count
+       f"--basetemp={tmp_path / 'basetemp'}", str(tmp_path)],
       cwd=tmp_path, capture_output=True, text=True, timeout=300,
       env={**__import__("os").environ, "SPANS": str(spans)})
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
