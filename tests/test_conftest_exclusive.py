@@ -6,6 +6,7 @@ beside the exclusive one (checked: the same suite without the hook overlaps).
 """
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -55,7 +56,7 @@ def run_suite(tmp_path: Path, hooked: bool) -> list:
        # its own base temp: pytest's numbered ones under /tmp are pruned by count
        f"--basetemp={tmp_path / 'basetemp'}", str(tmp_path)],
       cwd=tmp_path, capture_output=True, text=True, timeout=300,
-      env={**__import__("os").environ, "SPANS": str(spans)})
+      env={**os.environ, "SPANS": str(spans)})
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   return [json.loads(line) for line in spans.read_text().splitlines()]
 
