@@ -79,6 +79,52 @@ def test_json_schema_and_validation():
     accounting.validate_json(broken)
 
 
+CPUINFO_TWO_CORES = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 23
+model\t\t: 1
+model name\t: AMD EPYC
+flags\t\t: fpu sse4_2 avx avx2 fma
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+cpu family\t: 23
+model\t\t: 1
+model name\t: another name
+flags\t\t: fpu sse4_2 avx avx2 avx512f
+
+"""
+
+
+def test_cpu_identity_reads_the_first_processor():
+  assert accounting.cpu_identity(CPUINFO_TWO_CORES) == {
+      "cpu_model": "AMD EPYC", "cpu_family_model": "23/1", "cpu_simd": "avx2"}
+  arm = "processor\t: 0\nFeatures\t: fp asimd evtstrm\nCPU part\t: 0xd0c\n"
+  assert accounting.cpu_identity(arm)["cpu_simd"] == "asimd"
+  bare = accounting.cpu_identity("")  # not Linux: the architecture, nothing else
+  assert bare["cpu_family_model"] is None and bare["cpu_simd"] is None and bare["cpu_model"]
+  machine = accounting.machine_info()
+  assert set(accounting.cpu_identity()) <= set(machine)
+
+
+def test_time_text_splits_the_wall_time_and_lists_training_records():
+  doc = {"machine": {"platform": "cpu", "processor": "x86_64", "cpu_count": 2,
+                     **accounting.cpu_identity(CPUINFO_TWO_CORES)},
+         "total_s": 1982.4, "train_or_load_s": 1696.2,
+         "training": {"ar": {"seconds": 354.2, "steps": 900, "final": {}}, "old": None}}
+  assert report.time_text(doc).splitlines() == [
+      "Time: 1982 s in all on AMD EPYC (family/model 23/1, avx2; 2 CPUs): 1696 s building the "
+      "data and training or loading the models, 286 s decoding (calibration included).",
+      "Training records (a model loaded from the cache shows the run that trained it): ar 900 "
+      "steps in 354 s (2.54 steps/s), old (no record: trained before records were kept)."]
+  doc["machine"].update(platform="gpu", device_count=1, device_kind="NVIDIA H200",
+                        cpu_family_model=None, cpu_simd=None)
+  del doc["training"]
+  assert report.time_text(doc) == (
+      "Time: 1982 s in all on AMD EPYC (2 CPUs), decoding on 1 x NVIDIA H200: 1696 s building "
+      "the data and training or loading the models, 286 s decoding (calibration included).")
+
+
 def test_pareto_front():
   rows = [_result("ar", "ar", 1, 0.9, 10), _result("llada", "llada", 1, 0.9, 1),
           _result("d2f fast", "d2f", 1, 0.6, 50), _result("d2f good", "d2f", 1, 0.9, 30),
@@ -253,10 +299,22 @@ def test_micro_study_end_to_end(tmp_path, monkeypatch):
   d2f_claim = next(c for c in stored["verdict"]["claims"] if c["id"] == "d2f_vs_ar")
   assert d2f_claim["cells"] and all(
       c["vs_accelerated_ar"]["baseline"] == "speculative ar k=4" for c in d2f_claim["cells"])
-  # Second run loads the cached models instead of training.
+  # Every model's training record, and where the wall time went, on which CPU.
+  config = _micro_config()
+  assert list(stored["training"]) == models_lib.training_order(config)
+  for name, record in stored["training"].items():
+    assert record["steps"] == config.models[name].train.steps and record["seconds"] > 0
+    assert record == models_lib.train_record(tmp_path, name)
+  assert 0 < stored["train_or_load_s"] < stored["total_s"]
+  assert stored["machine"]["cpu_model"]
+  assert (tmp_path / "study.md").read_text().endswith(report.time_text(stored) + "\n")
+  # Second run loads the cached models instead of training; their records stay the run's
+  # that trained them.
   logs = []
-  study.run(_micro_config(), "study", log=logs.append)
+  again = study.run(_micro_config(), "study", log=logs.append)
   assert any("cached model" in line for line in logs)
+  assert again["training"] == stored["training"]
+  assert again["train_or_load_s"] < stored["train_or_load_s"]
   # A cached model trained with another config is refused, never silently reused.
   changed = _micro_config()
   with changed.unlocked():

@@ -157,7 +157,10 @@ def score(suite, examples, texts: Sequence[str]) -> list[bool]:
 
 
 def machine_info() -> dict:
-  """What the numbers were measured on."""
+  """What the numbers were measured on. `cpu_model`, `cpu_family_model` and `cpu_simd` tell
+  hosts apart that `processor` does not: CPU-bound figures of the same code differ 2-2.6x
+  between this project's 2-core hosts (an AVX2-only AMD EPYC against AVX-512 ones,
+  BENCHMARKS.md section 3), and some report only "AMD EPYC" as their model name."""
   dev = jax.devices()[0]
   return {
       "platform": dev.platform,
@@ -169,7 +172,38 @@ def machine_info() -> dict:
       "python": platform.python_version(),
       "machine": platform.machine(),
       "processor": platform.processor() or platform.machine(),
+      **cpu_identity(),
   }
+
+
+CPU_INFO = "/proc/cpuinfo"
+# Vector instruction sets, widest first: `cpu_simd` is the first one the CPU's flags list.
+SIMD_FLAGS = ("avx512f", "avx2", "avx", "sse4_2", "asimd")
+
+
+def cpu_identity(cpuinfo_text: str | None = None) -> dict:
+  """{"cpu_model", "cpu_family_model", "cpu_simd"} of the first CPU in /proc/cpuinfo (or of
+  `cpuinfo_text`): its model name, "family/model" (e.g. "23/1", AMD Zen 1), and the widest
+  vector instruction set its flags list. Off Linux: the architecture, and None for the rest."""
+  if cpuinfo_text is None:
+    try:
+      with open(CPU_INFO) as f:
+        cpuinfo_text = f.read()
+    except OSError:
+      cpuinfo_text = ""
+  first: dict[str, str] = {}
+  for line in cpuinfo_text.splitlines():
+    if not line.strip():
+      if first:
+        break  # the first processor's block ends at its blank line
+      continue
+    key, _, value = line.partition(":")
+    first.setdefault(key.strip(), value.strip())
+  flags = set(first.get("flags", first.get("Features", "")).split())
+  family, model = first.get("cpu family"), first.get("model")
+  return {"cpu_model": first.get("model name") or platform.machine(),
+          "cpu_family_model": f"{family}/{model}" if family and model else None,
+          "cpu_simd": next((f for f in SIMD_FLAGS if f in flags), None)}
 
 
 def results_json(results: Sequence[MethodResult], *, machine: dict, config: dict,

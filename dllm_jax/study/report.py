@@ -56,6 +56,43 @@ def per_task_table(results: Sequence[MethodResult], *, baseline: str | None = No
   return "\n".join(lines)
 
 
+def time_text(doc: dict) -> str:
+  """Where a study run's wall time went, on which CPU, and each model's training record, e.g.
+
+    Time: 1982 s in all on AMD EPYC (family/model 23/1, avx2; 2 CPUs): 1696 s building the
+    data and training or loading the models, 286 s decoding (calibration included).
+    Training records (a model loaded from the cache shows the run that trained it): ar 900
+    steps in 354 s (2.54 steps/s), mdm 1500 steps in 658 s (2.28 steps/s).
+
+  From study.json's `total_s`, `train_or_load_s`, `machine` and `training` (one
+  models.train_record per model, None for one trained before records were kept). The
+  README's 15-minute budget is a wall time on 2 cores; this line says which part of it a
+  run spent where, and on how fast a CPU (BENCHMARKS.md section 1)."""
+  m = doc["machine"]
+  cpu = m.get("cpu_model") or m["processor"]
+  detail = ", ".join(str(x) for x in (
+      m.get("cpu_family_model") and f"family/model {m['cpu_family_model']}",
+      m.get("cpu_simd")) if x)
+  where = f"{cpu} ({detail + '; ' if detail else ''}{m['cpu_count']} CPUs)"
+  if m["platform"] != "cpu":
+    where += f", decoding on {m['device_count']} x {m['device_kind']}"
+  total, train = doc["total_s"], doc["train_or_load_s"]
+  lines = [f"Time: {total:.0f} s in all on {where}: {train:.0f} s building the data and "
+           f"training or loading the models, {total - train:.0f} s decoding (calibration "
+           "included)."]
+  records = []
+  for name, record in doc.get("training", {}).items():
+    if record is None:
+      records.append(f"{name} (no record: trained before records were kept)")
+    else:
+      records.append(f"{name} {record['steps']} steps in {record['seconds']:.0f} s "
+                     f"({record['steps'] / record['seconds']:.2f} steps/s)")
+  if records:
+    lines.append("Training records (a model loaded from the cache shows the run that trained "
+                 "it): " + ", ".join(records) + ".")
+  return "\n".join(lines)
+
+
 def pareto_front(results: Sequence[MethodResult]) -> list[MethodResult]:
   """Cells not beaten on both accuracy and tokens/s by another cell of the same batch size."""
   front = []

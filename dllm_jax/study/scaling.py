@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -259,7 +258,7 @@ def run(config, workdir) -> dict:
   bandwidth = roofline.memory_bandwidth(float(config.get("memory_bandwidth_gbps", 0.0)))
   add_roofline(results, bandwidth["gbps"])
   doc = {"schema_version": SCHEMA_VERSION, "kind": "scaling",
-         "machine": {**accounting.machine_info(), "cpu_model": _cpu_model(),
+         "machine": {**accounting.machine_info(),
                      "memory_bandwidth": bandwidth,
                      "loadavg_before": list(load_before),
                      "loadavg_after": list(os.getloadavg())},
@@ -280,16 +279,6 @@ def write_outputs(doc: dict, workdir) -> None:
   if doc["config"]["lengths"]["sweep"]:
     plot_cost(doc, workdir / "cost_vs_length.png")
   plot_breakeven(doc, workdir / "breakeven_vs_width.png")
-
-
-def _cpu_model() -> str:
-  """The CPU's marketing name where Linux exposes it, else the architecture."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      names = [l.split(":", 1)[1].strip() for l in f if l.startswith("model name")]
-    return names[0] if names else platform.machine()
-  except OSError:
-    return platform.machine()
 
 
 _CELL_FIELDS = {"decoder": str, "gen_length": int, "batch": int, "width": int, "params": int,

@@ -10,7 +10,9 @@ wall time also measures the neighbours. The verdict on every published claim (D2
 against AR and vanilla LLaDA, Fast-dLLM, the lossless hybrid, adaptive switching) is computed
 from the measured cells by verdict.py, printed and stored; every judged cell is listed with its
 speedup split into fewer forwards and cost per forward. AR at batch 1 is also placed against
-the weight-streaming bound (roofline.py).
+the weight-streaming bound (roofline.py). The report ends with where the wall time went
+(data and training against decoding), each model's training record (`study.json["training"]`)
+and the CPU it ran on (`machine`: model, family/model, widest vector instruction set).
 """
 
 from __future__ import annotations
@@ -268,6 +270,7 @@ def run(study_config, workdir, *, log=print) -> dict:
   gen_length = layout.seq_len - layout.prompt_len
 
   machine = accounting.machine_info()
+  training = {name: models_lib.train_record(workdir, name) for name in trained}
   v = judge(study_config, results, machine["platform"])
   bandwidth = roofline.memory_bandwidth(
       float(study_config.eval.get("memory_bandwidth_gbps", 0.0)))
@@ -276,7 +279,7 @@ def run(study_config, workdir, *, log=print) -> dict:
       results, machine=machine, config=json.loads(study_config.to_json()),
       extra={"verdict": v, "roofline": bound, "gen_length": gen_length, "prompt_len": layout.prompt_len,
              "num_prompts": len(examples), "train_or_load_s": train_s,
-             "calibration": calibration, **_clock_figures(clock)})
+             "training": training, "calibration": calibration, **_clock_figures(clock)})
   accounting.validate_json(doc)
   verdict_lib.check_recomputes(doc)
   table = report.markdown_table(results, baseline="ar")
@@ -286,6 +289,7 @@ def run(study_config, workdir, *, log=print) -> dict:
   text = f"{table}\n\n{verdict_lib.verdict_text(v)}\n\n{roofline_text(bound)}\n"
   if calibration:
     text += "\n" + calibration_lib.calibration_text(calibration) + "\n"
+  text += "\n" + report.time_text(doc) + "\n"
   (workdir / "study.md").write_text(text)
   (workdir / "study.json").write_text(json.dumps(doc, indent=1))
   report.pareto_plot(results, str(workdir / "study_pareto.png"),
@@ -318,7 +322,8 @@ def run_tradeoff(study_config, workdir, *, log=print) -> dict:
   accounting.validate_json(doc)
   verdict_lib.check_recomputes(doc)
   tradeoff_lib.check_recomputes(doc)
-  text = f"{tradeoff_lib.summary_text(summary)}\n\n{verdict_lib.verdict_text(v)}\n"
+  text = (f"{tradeoff_lib.summary_text(summary)}\n\n{verdict_lib.verdict_text(v)}\n\n"
+          f"{report.time_text(doc)}\n")
   (workdir / "tradeoff.md").write_text(text)
   (workdir / "tradeoff.json").write_text(json.dumps(doc, indent=1))
   tradeoff_lib.plot(summary, str(workdir / "tradeoff.png"),
