@@ -159,8 +159,9 @@ def score(suite, examples, texts: Sequence[str]) -> list[bool]:
 def machine_info() -> dict:
   """What the numbers were measured on. `cpu_model`, `cpu_family_model` and `cpu_simd` tell
   hosts apart that `processor` does not: CPU-bound figures of the same code differ 2-2.6x
-  between this project's 2-core hosts (an AVX2-only AMD EPYC against AVX-512 ones,
-  BENCHMARKS.md section 3), and some report only "AMD EPYC" as their model name."""
+  between this project's 2-core hosts (an AVX2-only AMD EPYC against faster ones, an
+  AVX-512 Intel Xeon among them; BENCHMARKS.md sections 1 and 3), and some report only
+  "AMD EPYC" as their model name."""
   dev = jax.devices()[0]
   return {
       "platform": dev.platform,
