@@ -70,10 +70,13 @@ def time_text(doc: dict) -> str:
   run spent where, and on how fast a CPU (BENCHMARKS.md section 1)."""
   m = doc["machine"]
   cpu = m.get("cpu_model") or m["processor"]
-  detail = ", ".join(str(x) for x in (
-      m.get("cpu_family_model") and f"family/model {m['cpu_family_model']}",
-      m.get("cpu_simd")) if x)
-  where = f"{cpu} ({detail + '; ' if detail else ''}{m['cpu_count']} CPUs)"
+  detail = []
+  if m.get("cpu_family_model"):
+    detail.append(f"family/model {m['cpu_family_model']}")
+  if m.get("cpu_simd"):
+    detail.append(m["cpu_simd"])
+  cpus = f"{m['cpu_count']} CPUs"
+  where = f"{cpu} ({', '.join(detail)}; {cpus})" if detail else f"{cpu} ({cpus})"
   if m["platform"] != "cpu":
     where += f", decoding on {m['device_count']} x {m['device_kind']}"
   total, train = doc["total_s"], doc["train_or_load_s"]
