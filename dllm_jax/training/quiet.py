@@ -3,15 +3,18 @@
 When one array of a checkpoint cannot be read, orbax's restore raises at once and closes its
 asyncio event loop while tensorstore is still finishing the other reads. Each of those then
 reports into the closed loop: a `RuntimeError: Event loop is closed` traceback printed from a
-tensorstore thread, and an `asyncio` "Task exception was never retrieved" record per failed
-read, hundreds of lines on a busy machine, printed after the one error that matters.
+tensorstore thread, an `asyncio` "Task exception was never retrieved" record per failed
+read, and, for a read coroutine that nothing awaits any more and that raises as the garbage
+collector closes it, an "Exception ignored in: <coroutine object ...>" traceback: hundreds of
+lines on a busy machine, printed after the one error that matters.
 
 `read_only_notes()` also drops the three WARNING lines orbax logs whenever a checkpoint is
 opened read-only (which `load_params` does by design).
 
-`install()` adds a filter for exactly these two kinds of output (a closed-loop RuntimeError
-raised in `call_soon_threadsafe`; an asyncio record about an orbax/tensorstore task) to
-`sys.excepthook`, `sys.unraisablehook`, `threading.excepthook` and the `asyncio` logger. The
+`install()` adds a filter for exactly these kinds of output (a closed-loop RuntimeError
+raised in `call_soon_threadsafe`; an asyncio record about an orbax/tensorstore task; an
+unraisable exception of an orbax/tensorstore coroutine) to `sys.excepthook`,
+`sys.unraisablehook`, `threading.excepthook` and the `asyncio` logger. The
 checkpoint code installs it the first time a restore fails, for the rest of the process: the
 reads may finish long after the error was raised. Everything else passes through unchanged.
 """
@@ -35,6 +38,17 @@ def is_closed_loop_noise(exc_type, exc, tb) -> bool:
   return any(frame.name == "call_soon_threadsafe" for frame in traceback.extract_tb(tb))
 
 
+def _from_orbax(text: str) -> bool:
+  return "orbax" in text or "tensorstore" in text
+
+
+def is_abandoned_read(unraisable) -> bool:
+  """An unraisable exception of a coroutine defined in orbax or tensorstore (a read of a
+  failed restore, raising as it is closed unawaited): `sys.unraisablehook`'s argument."""
+  code = getattr(unraisable.object, "cr_code", None)
+  return code is not None and _from_orbax(code.co_filename)
+
+
 class AsyncioNoiseFilter(logging.Filter):
   """Drops asyncio's never-retrieved-exception records of orbax / tensorstore tasks."""
 
@@ -45,7 +59,7 @@ class AsyncioNoiseFilter(logging.Filter):
     text = message
     if record.exc_info and record.exc_info[2] is not None:
       text += "".join(traceback.format_tb(record.exc_info[2]))
-    return not ("orbax" in text or "tensorstore" in text)
+    return not _from_orbax(text)
 
 
 def install() -> None:
@@ -64,8 +78,8 @@ def install() -> None:
     unraisablehook = sys.unraisablehook
 
     def quiet_unraisablehook(unraisable):
-      if not is_closed_loop_noise(unraisable.exc_type, unraisable.exc_value,
-                                  unraisable.exc_traceback):
+      if not (is_closed_loop_noise(unraisable.exc_type, unraisable.exc_value,
+                                   unraisable.exc_traceback) or is_abandoned_read(unraisable)):
         unraisablehook(unraisable)
 
     thread_hook = threading.excepthook
