@@ -21,7 +21,7 @@ D2F draft), 1 verify (AR verifies the draft, exact), 2 AR; -1 no round.
 
 from ml_collections import config_dict
 
-from dllm_jax.decoding import adaptive_calibration
+from dllm_jax.decoding import adaptive_rule
 
 
 def get_config():
@@ -42,7 +42,7 @@ def get_config():
       temperature=0.0,
   ))
   c.calibrate = config_dict.ConfigDict(dict(
-      grid={k: list(v) for k, v in adaptive_calibration.DEFAULT_GRID.items()},
+      grid={k: list(v) for k, v in adaptive_rule.DEFAULT_GRID.items()},
       tolerance=0.01,           # accuracy (fraction) a setting may lose against AR
       drafter_cost=1.0,         # a drafter forward's cost in AR forwards (1: count forwards)
       batch_size=64,

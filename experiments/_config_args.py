@@ -10,6 +10,10 @@ found in neither place, or a `--config.key=value` override naming no key of the 
 the script with one line saying so (exit 1), where ml_collections would print a traceback.
 `run` also keeps absl's log at WARNING unless `--verbosity` is given: at absl's default
 (INFO) orbax logs every checkpoint read and write, about 170 lines in a study run.
+
+The configs import no JAX, and the scripts import the package's JAX modules inside `main`, so
+a bad flag, config file or override is reported in about a second, before JAX loads (~6-9 s
+on a 2-core CPU host).
 """
 
 from __future__ import annotations

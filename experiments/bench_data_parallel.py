@@ -14,8 +14,6 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
 
 from absl import app, flags  # noqa: E402
 
-from dllm_jax.study import dp_bench  # noqa: E402
-
 import _config_args  # noqa: E402  (experiments/_config_args.py)
 
 _CONFIG = _config_args.define("configs/bench_data_parallel.py", "configs/bench_data_parallel.py",
@@ -26,6 +24,8 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/bench_data_parallel", "Output di
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  # pylint: disable=import-outside-toplevel  (JAX loads after the flags: _config_args)
+  from dllm_jax.study import dp_bench
   dp_bench.run(_CONFIG.value, _WORKDIR.value)
 
 

@@ -8,8 +8,6 @@ be overridden, e.g. --config.repeats=3.
 
 from absl import app, flags
 
-from dllm_jax.study import decode_bench
-
 import _config_args  # experiments/_config_args.py: --config found from any directory
 
 _CONFIG = _config_args.define("configs/bench_decode.py", "configs/bench_decode.py",
@@ -20,6 +18,8 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/bench_decode", "Output directory
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  # pylint: disable=import-outside-toplevel  (JAX loads after the flags: _config_args)
+  from dllm_jax.study import decode_bench
   decode_bench.run(_CONFIG.value, _WORKDIR.value)
 
 

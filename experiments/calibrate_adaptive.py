@@ -21,10 +21,6 @@ import json
 
 from absl import app, flags
 
-from dllm_jax import loading
-from dllm_jax.decoding import adaptive_calibration as calib
-from dllm_jax.sampler import decode_text, encode_text
-
 import _config_args  # experiments/_config_args.py: --config found from any directory
 
 _CONFIG = _config_args.define("configs/adaptive.py", "configs/adaptive.py")
@@ -50,6 +46,11 @@ def read_split(path):
 
 def main(argv):
   del argv
+  # JAX loads after the flags (_config_args).
+  # pylint: disable=import-outside-toplevel
+  from dllm_jax import loading
+  from dllm_jax.decoding import adaptive_calibration as calib
+  from dllm_jax.sampler import decode_text, encode_text
   c = _CONFIG.value
   target = loading.load_model(_TARGET.value, "ar")
   drafter = loading.load_model(_DRAFTER.value, "d2f")

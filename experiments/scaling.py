@@ -11,8 +11,6 @@ sweeps G, cost_vs_length.png to --workdir. Any config key can be overridden, e.g
 
 from absl import app, flags
 
-from dllm_jax.study import scaling
-
 import _config_args  # experiments/_config_args.py: --config found from any directory
 
 _CONFIG = _config_args.define("configs/scaling.py", "configs/scaling.py[:full]",
@@ -23,6 +21,8 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/scaling", "Output directory.")
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  # pylint: disable=import-outside-toplevel  (JAX loads after the flags: _config_args)
+  from dllm_jax.study import scaling
   scaling.run(_CONFIG.value, _WORKDIR.value)
 
 

@@ -8,8 +8,6 @@ Any config key can be overridden, e.g. --config.concurrency='(16,)'.
 
 from absl import app, flags
 
-from dllm_jax.study import serve_bench
-
 import _config_args  # experiments/_config_args.py: --config found from any directory
 
 _CONFIG = _config_args.define("configs/serve_bench.py", "configs/serve_bench.py",
@@ -20,6 +18,8 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/serve_bench", "Output directory.
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  # pylint: disable=import-outside-toplevel  (JAX loads after the flags: _config_args)
+  from dllm_jax.study import serve_bench
   serve_bench.run(_CONFIG.value, _WORKDIR.value)
 
 

@@ -21,15 +21,14 @@ import sys
 
 from absl import app, flags
 
-from dllm_jax.study import study
-from dllm_jax.training.checkpoint import CheckpointError
+from dllm_jax.study import modes
 
 import _config_args  # experiments/_config_args.py: --config found from any directory
 
 # Before the flags are defined: the config flag reads sys.argv when it is defined (to register
 # the `--config.*` overrides), so it must already see the mode flags expanded.
 try:
-  sys.argv = study.expand_mode_flags(sys.argv)
+  sys.argv = modes.expand_mode_flags(sys.argv)
 except ValueError as e:
   sys.exit(f"experiments/study.py: {e}")
 _CONFIG = _config_args.define("configs/study.py", "Study config file.", lock_config=True)
@@ -40,8 +39,11 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where models and reports go (de
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  # pylint: disable=import-outside-toplevel  (JAX loads after the flags: _config_args)
+  from dllm_jax.study import study
+  from dllm_jax.training.checkpoint import CheckpointError
   try:
-    study.run(_CONFIG.value, _WORKDIR.value or study.default_workdir(_CONFIG.value))
+    study.run(_CONFIG.value, _WORKDIR.value or modes.default_workdir(_CONFIG.value))
   except (CheckpointError, study.StudyConfigError) as e:  # what is wrong, and the fix
     sys.exit(f"experiments/study.py: {e}")
 

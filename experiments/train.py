@@ -13,8 +13,6 @@ import json
 
 from absl import app, flags
 
-from dllm_jax.training import trainer
-
 import _config_args  # experiments/_config_args.py: --config found from any directory
 
 _CONFIG = _config_args.define(None, "Experiment config file (configs/*.py).",
@@ -26,6 +24,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  # pylint: disable=import-outside-toplevel  (JAX loads after the flags: _config_args)
+  from dllm_jax.training import trainer
   final = trainer.train(_CONFIG.value, _WORKDIR.value)
   print(json.dumps(final, indent=1, sort_keys=True))
 

@@ -284,14 +284,51 @@ def test_study_mode_flags_and_default_workdirs(tmp_path):
   assert proc.returncode == 1 and "pass one study mode" in proc.stderr
 
 
+def env_without_jax(tmp_path):
+  """The environment with a `jax` package first on PYTHONPATH whose import fails: a process
+  that imports JAX under it fails, so what runs to its end there never imported JAX."""
+  poison = tmp_path / "no_jax" / "jax"
+  poison.mkdir(parents=True)
+  (poison / "__init__.py").write_text("raise ImportError('jax was imported')\n")
+  path = os.pathsep.join(filter(None, [str(poison.parent), os.environ.get("PYTHONPATH")]))
+  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path)
+
+
+def test_every_config_loads_without_jax(tmp_path):
+  """Configs are plain data: each configs/*.py, in every mode it has (`MODES`), builds its
+  ConfigDict without importing JAX, so a command-line typo is reported before JAX loads
+  (experiments/_config_args.py)."""
+  code = f"""
+import glob, importlib.util, os, sys
+for path in sorted(glob.glob(os.path.join({REPO!r}, "configs", "*.py"))):
+  spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for mode in getattr(module, "MODES", [None]):
+    config = module.get_config() if mode is None else module.get_config(mode)
+    assert config.to_dict()
+    print(os.path.basename(path), repr(mode))
+assert "jax" not in sys.modules and "flax" not in sys.modules
+"""
+  proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env_without_jax(tmp_path),
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  expected = [f"{os.path.basename(path)} {mode!r}"
+              for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.py")))
+              for mode in getattr(load_module(path), "MODES", [None])]
+  assert proc.stdout.splitlines() == expected
+  assert len(expected) > len(CONFIGS) + 5  # the study's and the scaling sweep's modes
+
+
 @pytest.mark.parametrize("script", ["study", "train", "serve_bench", "scaling", "bench_decode",
                                     "bench_data_parallel", "calibrate_adaptive"])
 def test_experiment_scripts_find_their_configs_from_any_directory(script, tmp_path):
   """Run from another directory, `configs/...` is the repository's (an override of a key it
   lacks is then reported against it, so the config was found); a config file found nowhere,
-  or an override naming no key, is one line, not a traceback."""
+  or an override naming no key, is one line, not a traceback, and comes before JAX loads (the
+  scripts run here with a `jax` that cannot be imported)."""
   path = os.path.join(REPO, "experiments", f"{script}.py")
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env = env_without_jax(tmp_path)
   run = lambda *args: subprocess.run([sys.executable, path, *args], cwd=tmp_path, env=env,
                                      capture_output=True, text=True, timeout=300)
   proc = run("--config=configs/nope.py", f"--workdir={tmp_path}/w")

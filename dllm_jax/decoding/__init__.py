@@ -72,10 +72,36 @@ such a row's tokens are pad and its length 0, and `generate` / `stream` raise
 `NonFiniteLogitsError` naming it unless on_nonfinite="flag".
 """
 
-from dllm_jax.decoding.api import METHODS, generate, option_names
-from dllm_jax.decoding.ar import AROptions, ar_generate
-from dllm_jax.decoding.base import DecodeOutput, NonFiniteLogitsError, pad_prompts
-from dllm_jax.decoding.d2f import block_diffusion_generate, d2f_generate
-from dllm_jax.decoding.fast_dllm import FastDLLMOptions, fast_dllm_generate
-from dllm_jax.decoding.llada import LLaDAOptions, dream_generate, llada_generate
-from dllm_jax.decoding.streaming import StreamEvent, stream
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+# The package loads its modules on first use (PEP 562): `adaptive_rule`, which a config file
+# reads, imports no JAX. Every module is also an attribute (`decoding.api`, `decoding.sampling`).
+_EXPORTS = {
+    "METHODS": "api", "generate": "api", "option_names": "api",
+    "AROptions": "ar", "ar_generate": "ar",
+    "DecodeOutput": "base", "NonFiniteLogitsError": "base", "pad_prompts": "base",
+    "block_diffusion_generate": "d2f", "d2f_generate": "d2f",
+    "FastDLLMOptions": "fast_dllm", "fast_dllm_generate": "fast_dllm",
+    "LLaDAOptions": "llada", "dream_generate": "llada", "llada_generate": "llada",
+    "StreamEvent": "streaming", "stream": "streaming",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  if name in _EXPORTS:
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+  elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+    value = importlib.import_module(f"{__name__}.{name}")
+  else:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  globals()[name] = value
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(_EXPORTS))

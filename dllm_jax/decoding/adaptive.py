@@ -66,6 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dllm_jax.decoding import adaptive_rule
 from dllm_jax.decoding import ar as ar_lib
 from dllm_jax.decoding import base
 from dllm_jax.decoding import speculative as spec
@@ -79,7 +80,7 @@ Array = jnp.ndarray
 PARALLEL, VERIFY, AR, NO_ROUND = 0, 1, 2, -1
 MODE_CODES = {"parallel": PARALLEL, "verify": VERIFY, "ar": AR}
 TAG_MODES = ("auto",) + tuple(MODE_CODES)  # "auto": the tag leaves the choice to the rule
-THRESHOLDS = ("parallel_confidence", "ar_confidence", "min_acceptance", "trust_streak")
+THRESHOLDS = adaptive_rule.THRESHOLDS
 
 
 def _task_modes(value) -> tuple[tuple[str, str], ...]:

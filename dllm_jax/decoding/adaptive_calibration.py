@@ -36,15 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from dllm_jax.decoding import adaptive, ar, base
-
-# Each threshold's candidates: AR-only / verify-only / parallel-only corners included, so
-# the grid always holds a setting as accurate as AR (everything verified, at greedy).
-DEFAULT_GRID = {
-    "parallel_confidence": (0.8, 0.9, 0.95, 0.99, float("inf")),
-    "ar_confidence": (0.0, 0.1, 0.2, 0.3),
-    "min_acceptance": (0.0, 0.25, 0.5),
-    "trust_streak": (0, 2, 4),
-}
+from dllm_jax.decoding.adaptive_rule import DEFAULT_GRID  # re-exported
 
 
 INF = float("inf")

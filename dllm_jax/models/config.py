@@ -13,19 +13,23 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax.numpy as jnp
-
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# The module imports no JAX (a config file, and so a config typo on the command line, loads
+# without it); dtype names become jnp dtypes when a model asks for them.
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+
+
+def check_dtype(name: str) -> str:
+  """`name` if it names a dtype the models take, else an error that lists the valid names."""
+  if name not in DTYPE_NAMES:
+    raise ValueError(f"Unknown dtype {name!r}; use one of {list(DTYPE_NAMES)}.")
+  return name
 
 
 def resolve_dtype(name: str) -> Any:
   """Maps a dtype name to a jnp dtype, with an error that lists the valid names."""
-  try:
-    return _DTYPES[name]
-  except KeyError:
-    raise ValueError(
-        f"Unknown dtype {name!r}; use one of {sorted(_DTYPES)}.") from None
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  return getattr(jnp, check_dtype(name))
 
 
 # Logit of ids >= active_vocab_size: finite, so a loss against a teacher's zero probability
@@ -110,8 +114,8 @@ class ModelConfig:
           "set head_dim explicitly.")
     if self.resolved_head_dim % 2:
       raise ValueError(f"head_dim must be even for RoPE, got {self.resolved_head_dim}.")
-    resolve_dtype(self.param_dtype)
-    resolve_dtype(self.dtype)
+    check_dtype(self.param_dtype)
+    check_dtype(self.dtype)
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(
           f"Unknown remat_policy {self.remat_policy!r}; use one of {REMAT_POLICIES}.")

@@ -29,6 +29,8 @@ from dllm_jax.decoding import api as decode_api
 from dllm_jax.study import accounting, models as models_lib, report, roofline, runner
 from dllm_jax.study import calibration as calibration_lib
 from dllm_jax.study import hostclock
+# Re-exported: the command line's mode flags (JAX-free, so the script parses them first).
+from dllm_jax.study.modes import MODE_FLAGS, default_workdir, expand_mode_flags  # noqa: F401
 from dllm_jax.study import tradeoff as tradeoff_lib
 from dllm_jax.study import verdict as verdict_lib
 from dllm_jax.training import data as data_lib
@@ -149,35 +151,6 @@ def roofline_text(r: dict | None) -> str:
           f"{r['bound_tokens_per_s']:.0f} forwards/s; AR measured "
           f"{1e6 * r['measured_step_s']:.1f} us per forward ({100 * r['fraction_of_bound']:.1f}% "
           f"of the bound) and {r['measured_tokens_per_s']:.0f} response tokens/s.")
-
-
-MODE_FLAGS = {"--short": "configs/study.py:short", "--long": "configs/study.py:long",
-              "--full": "configs/study.py:full", "--tradeoff": "configs/study.py:tradeoff"}
-# Modes that share another mode's workdir (they load its trained models).
-SHARES_WORKDIR = {"tradeoff": "short"}
-
-
-def expand_mode_flags(argv: list[str]) -> list[str]:
-  """The study command line with `--short` / `--long` / `--full` / `--tradeoff` rewritten into the
-  `--config` each stands for; ValueError for two modes, or a mode flag beside an explicit
-  --config."""
-  picked = [a for a in argv[1:] if a in MODE_FLAGS]
-  if not picked:
-    return list(argv)
-  explicit = [a for a in argv[1:] if a == "--config" or a.startswith("--config=")]
-  if len(picked) > 1 or explicit:
-    raise ValueError(f"pass one study mode: {' '.join(picked + explicit)} conflict "
-                     "(--short, --long, --full and --tradeoff each stand for a --config).")
-  return [argv[0]] + [f"--config={MODE_FLAGS[a]}" if a in MODE_FLAGS else a
-                      for a in argv[1:]]
-
-
-def default_workdir(study_config) -> str:
-  """runs/study for the default mode, runs/study_<mode> for the others; a mode that reuses
-  another's models (tradeoff: the short mode's) gets that mode's workdir."""
-  mode = study_config.get("mode", "")
-  mode = SHARES_WORKDIR.get(mode, mode)
-  return f"runs/study_{mode}" if mode else "runs/study"
 
 
 class StudyConfigError(ValueError):

@@ -23,7 +23,7 @@ import typing
 from ml_collections import config_dict
 
 from dllm_jax.models.config import ModelConfig, get_preset
-from dllm_jax.parallel import mesh as mesh_lib
+from dllm_jax.parallel import axes as axes_lib
 
 OBJECTIVES = ("ar", "mdm", "block_diffusion", "d2f", "selfspec")
 TOKENIZERS = ("char", "byte")  # or a path to a tokenizer.json
@@ -109,7 +109,7 @@ def base_config() -> config_dict.ConfigDict:
 
   c.mesh = config_dict.ConfigDict()
   c.mesh.shape = config_dict.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
-  c.mesh.rules = tuple(mesh_lib.DEFAULT_RULES)
+  c.mesh.rules = tuple(axes_lib.DEFAULT_RULES)
 
   c.decode = config_dict.ConfigDict()
   c.decode.method = "ar"               # a dllm_jax.decoding.api.METHODS name
@@ -189,10 +189,10 @@ def validate(config) -> None:
                      "train.init_from to its workdir or checkpoint directory.")
   if int(config.decode.eval_examples) < 0 or int(config.decode.batch_size) < 1:
     raise ValueError("decode.eval_examples must be >= 0 and decode.batch_size >= 1.")
-  unknown = sorted(set(config.mesh.shape) - set(mesh_lib.MESH_AXES))
+  unknown = sorted(set(config.mesh.shape) - set(axes_lib.MESH_AXES))
   if unknown:
-    raise ValueError(f"mesh.shape has unknown axes {unknown}; use {mesh_lib.MESH_AXES}.")
-  mesh_lib.rules_from_config(config.mesh.rules)
+    raise ValueError(f"mesh.shape has unknown axes {unknown}; use {axes_lib.MESH_AXES}.")
+  axes_lib.rules_from_config(config.mesh.rules)
 
 
 def finalize(config) -> config_dict.ConfigDict:
