@@ -35,7 +35,8 @@ def test_closed_loop_tracebacks_are_dropped_and_others_kept(capsys):
 def _unraisable_of_coroutine(filename):
   """sys.unraisablehook's argument for a coroutine defined in `filename` that raised."""
   namespace = {}
-  exec(compile("async def read():\n  pass\n", filename, "exec"), namespace)  # pylint: disable=exec-used
+  code = compile("async def read():\n  pass\n", filename, "exec")
+  exec(code, namespace)  # pylint: disable=exec-used
   error = ValueError("OUT_OF_RANGE: Error reading array")
   return types.SimpleNamespace(object=namespace["read"](), exc_type=ValueError, exc_value=error,
                                exc_traceback=None, err_msg=None)
