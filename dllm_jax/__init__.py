@@ -24,6 +24,7 @@ except metadata.PackageNotFoundError:  # a source checkout on PYTHONPATH, not in
 __all__ = ["__version__", *SUBPACKAGES]
 
 
+# Written out here rather than with `_lazy.attach`: `import dllm_jax` loads no submodule at all.
 def __getattr__(name: str):
   if name in SUBPACKAGES:
     module = importlib.import_module(f"{__name__}.{name}")

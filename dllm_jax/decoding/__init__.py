@@ -74,8 +74,7 @@ such a row's tokens are pad and its length 0, and `generate` / `stream` raise
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
+from dllm_jax import _lazy
 
 # The package loads its modules on first use (PEP 562): `adaptive_rule`, which a config file
 # reads, imports no JAX. Every module is also an attribute (`decoding.api`, `decoding.sampling`).
@@ -91,17 +90,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-  if name in _EXPORTS:
-    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-  elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-    value = importlib.import_module(f"{__name__}.{name}")
-  else:
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-  globals()[name] = value
-  return value
-
-
-def __dir__() -> list[str]:
-  return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = _lazy.attach(__name__, _EXPORTS, submodules=True)

@@ -5,8 +5,7 @@
 
 from __future__ import annotations
 
-import importlib
-
+from dllm_jax import _lazy
 from dllm_jax.parallel.axes import DEFAULT_RULES
 
 _LAZY = {"mesh": None, "sharding": None, "make_mesh": "mesh", "param_shardings": "mesh",
@@ -14,15 +13,4 @@ _LAZY = {"mesh": None, "sharding": None, "make_mesh": "mesh", "param_shardings":
 
 __all__ = ["DEFAULT_RULES", "make_mesh", "mesh", "param_shardings", "shard_params"]
 
-
-def __getattr__(name: str):
-  if name in _LAZY:
-    module = importlib.import_module(f"{__name__}.{_LAZY[name] or name}")
-    value = module if _LAZY[name] is None else getattr(module, name)
-    globals()[name] = value
-    return value
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-  return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = _lazy.attach(__name__, _LAZY)

@@ -6,7 +6,7 @@ Modules and the two functions load on first use, so importing the package is che
 
 from __future__ import annotations
 
-import importlib
+from dllm_jax import _lazy
 
 MODULES = ("accuracy", "checkpoint", "config", "data", "experiment", "metrics", "optimizer",
            "quiet", "state", "step", "trainer")
@@ -14,10 +14,4 @@ _FUNCTIONS = {"train": "trainer", "load_params": "checkpoint"}
 
 __all__ = [*MODULES, *_FUNCTIONS]
 
-
-def __getattr__(name: str):
-  if name in MODULES:
-    return importlib.import_module(f"{__name__}.{name}")
-  if name in _FUNCTIONS:
-    return getattr(importlib.import_module(f"{__name__}.{_FUNCTIONS[name]}"), name)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = _lazy.attach(__name__, {**dict.fromkeys(MODULES), **_FUNCTIONS})
