@@ -32,11 +32,11 @@ import json
 import sys
 import time
 
-import jax
-import numpy as np
+from dllm_jax.decoding.method_names import DRAFTER_METHODS, METHOD_NAMES
+from dllm_jax.parallel.axes import MESH_AXES
 
-from dllm_jax import decoding
-from dllm_jax.sampler import Sampler, load_drafter, takes_drafter
+# JAX, flax and the decoders load after the flags are parsed and checked (in `run`), so
+# `--help` and a mistyped flag, method or mesh print in well under a second.
 
 DEFAULT_GEN_LENGTH = 256       # HF / converted checkpoints (a run or the demo bring their own)
 DEFAULT_PRESET_GEN_LENGTH = 32
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--merge_lora", action="store_true", help="merge the adapter into the weights")
   p.add_argument("--step", type=int, help="checkpoint step of a training workdir (default: "
                  "the latest)")
-  p.add_argument("--method", default="d2f", help=f"one of {sorted(decoding.METHODS)}")
+  p.add_argument("--method", default="d2f", help=f"one of {sorted(METHOD_NAMES)}")
   p.add_argument("--drafter_model",
                  help="the drafter checkpoint (any --model kind) of a method that drafts with "
                       "a second model (speculative, adaptive); speculative's drafter kind is "
@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
   return p
 
 
-def _mesh(text: str | None):
+def _mesh_shape(text: str | None) -> dict[str, int] | None:
+  """The --mesh JSON as {axis: size}, checked without JAX (`make_mesh` checks the sizes)."""
   if text is None:
     return None
   try:
@@ -122,13 +123,32 @@ def _mesh(text: str | None):
   if not isinstance(shape, dict) or not all(isinstance(v, int) for v in shape.values()):
     raise UsageError(f"--mesh must be a JSON object of axis sizes, e.g. '{{\"tensor\": 8}}'; "
                      f"got {text!r}.")
-  from dllm_jax.parallel import mesh as mesh_lib
-  return mesh_lib.make_mesh(shape)
+  unknown = sorted(set(shape) - set(MESH_AXES))
+  if unknown:
+    raise UsageError(f"--mesh names unknown axes {unknown}; the axes are {list(MESH_AXES)}.")
+  return shape
 
 
-def _preset_sampler(args, mesh, options) -> Sampler:
+def check_args(args) -> dict[str, int] | None:
+  """The mistakes the flags alone show, found before JAX loads (each a UsageError); returns
+  the --mesh shape."""
+  if args.method not in METHOD_NAMES:
+    raise UsageError(f"--method {args.method!r} is unknown; use one of "
+                     f"{sorted(METHOD_NAMES)}.")
+  if args.method in DRAFTER_METHODS and args.drafter_model is None:
+    raise UsageError(f"--method {args.method} drafts with a second model: pass "
+                     "--drafter_model DIR (a checkpoint sharing the target's tokenizer).")
+  if args.drafter_model is not None and args.method not in DRAFTER_METHODS:
+    raise UsageError(f"--drafter_model applies to --method speculative or adaptive, not "
+                     f"{args.method}.")
+  return _mesh_shape(args.mesh)
+
+
+def _preset_sampler(args, mesh, options):
+  import jax
   from dllm_jax.data import tasks, tokenizers
   from dllm_jax.models import get_preset, init_params
+  from dllm_jax.sampler import Sampler, load_drafter
   cfg = get_preset(args.preset)
   name = args.tokenizer
   if name == "auto":
@@ -151,18 +171,15 @@ def _preset_sampler(args, mesh, options) -> Sampler:
   return Sampler(params, cfg, tok, args.method, mesh=mesh, **options)
 
 
-def make_sampler(args) -> Sampler:
-  """The Sampler the flags describe."""
-  if args.method not in decoding.METHODS:
-    raise UsageError(f"--method {args.method!r} is unknown; use one of "
-                     f"{sorted(decoding.METHODS)}.")
-  if takes_drafter(args.method) and args.drafter_model is None:
-    raise UsageError(f"--method {args.method} drafts with a second model: pass "
-                     "--drafter_model DIR (a checkpoint sharing the target's tokenizer).")
-  if args.drafter_model is not None and not takes_drafter(args.method):
-    raise UsageError(f"--drafter_model applies to --method speculative or adaptive, not "
-                     f"{args.method}.")
-  mesh = _mesh(args.mesh)
+def make_sampler(args):
+  """The `Sampler` the flags describe."""
+  shape = check_args(args)
+  from dllm_jax.sampler import Sampler
+  if shape is None:
+    mesh = None
+  else:
+    from dllm_jax.parallel import mesh as mesh_lib
+    mesh = mesh_lib.make_mesh(shape)
   options = dict(args.opt)
   if args.gen_length is not None:
     options["gen_length"] = args.gen_length
@@ -177,7 +194,7 @@ def make_sampler(args) -> Sampler:
   return sampler
 
 
-def _prompts(args, sampler: Sampler) -> list:
+def _prompts(args, sampler) -> list:
   """Chat messages when the tokenizer has a template (unless --no_chat_template), else text."""
   if args.no_chat_template or not getattr(sampler.tokenizer, "chat_template", None):
     return list(args.prompt)
@@ -185,7 +202,9 @@ def _prompts(args, sampler: Sampler) -> list:
 
 
 def run(args) -> int:
-  sampler = make_sampler(args)
+  sampler = make_sampler(args)  # checks the flags first, then loads JAX and the model
+  import jax
+  import numpy as np
   prompts = _prompts(args, sampler)
   key = jax.random.key(args.seed)
   if args.stream:
@@ -214,7 +233,7 @@ def run(args) -> int:
   return 0
 
 
-def _run_stream(args, sampler: Sampler, prompts, key) -> int:
+def _run_stream(args, sampler, prompts, key) -> int:
   if len(prompts) != 1:
     raise UsageError("--stream prints one answer as it is decoded; pass a single --prompt.")
   start = time.perf_counter()
@@ -233,11 +252,16 @@ def _run_stream(args, sampler: Sampler, prompts, key) -> int:
   return 0
 
 
-# Exceptions that mean "the input is wrong" (they carry a message naming the fix).
-def _user_errors() -> tuple[type, ...]:
-  from dllm_jax.training.checkpoint import CheckpointError
-  # ArithmeticError: a decoder that finds non-finite logits (a damaged model) says so.
-  return (ValueError, OSError, CheckpointError, KeyError, ArithmeticError)
+def _is_user_error(error: BaseException) -> bool:
+  """Whether `error` means "the input is wrong" (its message names the fix).
+
+  ArithmeticError: a decoder that finds non-finite logits (a damaged model) says so. A
+  CheckpointError can only come from the checkpoint module, so it is not imported to ask.
+  """
+  if isinstance(error, (ValueError, OSError, KeyError, ArithmeticError)):
+    return True
+  checkpoint = sys.modules.get("dllm_jax.training.checkpoint")
+  return checkpoint is not None and isinstance(error, checkpoint.CheckpointError)
 
 
 def main(argv=None) -> int:
@@ -246,7 +270,9 @@ def main(argv=None) -> int:
     return run(args)
   try:
     return run(args)
-  except _user_errors() as e:
+  except Exception as e:  # noqa: BLE001 (re-raised unless it is the user's mistake)
+    if not _is_user_error(e):
+      raise
     message = e.args[0] if isinstance(e, KeyError) and e.args else e
     print("error: " + " ".join(str(message).split()), file=sys.stderr)  # one line
     return 2

@@ -23,6 +23,7 @@ from dllm_jax.training import config as config_lib
 from dllm_jax.training import experiment
 from dllm_jax.training import optimizer as opt_lib
 from dllm_jax.training import state as state_lib
+from _no_jax import env_without_jax
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -282,16 +283,6 @@ def test_study_mode_flags_and_default_workdirs(tmp_path):
   proc = subprocess.run([sys.executable, script, "--long", "--full"], cwd=REPO,
                         capture_output=True, text=True, timeout=300, env=env)
   assert proc.returncode == 1 and "pass one study mode" in proc.stderr
-
-
-def env_without_jax(tmp_path):
-  """The environment with a `jax` package first on PYTHONPATH whose import fails: a process
-  that imports JAX under it fails, so what runs to its end there never imported JAX."""
-  poison = tmp_path / "no_jax" / "jax"
-  poison.mkdir(parents=True)
-  (poison / "__init__.py").write_text("raise ImportError('jax was imported')\n")
-  path = os.pathsep.join(filter(None, [str(poison.parent), os.environ.get("PYTHONPATH")]))
-  return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path)
 
 
 def test_every_config_loads_without_jax(tmp_path):

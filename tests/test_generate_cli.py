@@ -16,6 +16,7 @@ from dllm_jax import checkpoints, decoding, generate
 from dllm_jax.checkpoints import testing as ckt
 from dllm_jax.sampler import Sampler
 from _jax_cache_env import compilation_cache_env
+from _no_jax import env_without_jax
 import tiny_llada
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -169,6 +170,39 @@ def test_user_errors_are_one_line(llada_dir, fake_workdir, tmp_path, capsys):
 def test_debug_shows_the_traceback(tmp_path):
   with pytest.raises(FileNotFoundError, match="does not exist"):
     generate.main(["--model", str(tmp_path / "nope"), "--prompt", "x", "--debug"])
+
+
+def test_method_names_are_the_decoders():
+  """The CLI checks --method against `method_names` before JAX loads: they must be api's."""
+  from dllm_jax.sampler import takes_drafter
+  assert decoding.METHOD_NAMES == tuple(decoding.METHODS)
+  assert set(decoding.DRAFTER_METHODS) == {m for m in decoding.METHODS if takes_drafter(m)}
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--method", "beam"], "error: --method 'beam' is unknown; use one of ['adaptive', 'ar',"),
+    (["--method", "speculative"], "error: --method speculative drafts with a second model"),
+    (["--drafter_model", "d"], "error: --drafter_model applies to --method speculative or"),
+    (["--mesh", "{tensor: 8}"], "error: --mesh '{tensor: 8}' is not JSON"),
+    (["--mesh", '{"tensr": 8}'], "error: --mesh names unknown axes ['tensr']; the axes are"),
+    (["--methd", "d2f"], "error: unrecognized arguments: --methd d2f"),  # argparse's
+    (["--help"], "one of ['adaptive', 'ar', 'block_diffusion', 'd2f', 'dream'"),
+])
+def test_flag_mistakes_are_reported_before_jax_loads(tmp_path, flags, expected):
+  """A mistake the flags alone show is one line (exit 2) from a process that cannot import
+  JAX: it is reported before JAX and the model load, not seconds later."""
+  argv = ["--model", "demo", "--prompt", "37+48="] + flags
+  proc = subprocess.run([sys.executable, "-m", "dllm_jax.generate", *argv], cwd=tmp_path,
+                        env=env_without_jax(tmp_path), capture_output=True, text=True,
+                        timeout=120)
+  if flags == ["--help"]:
+    assert proc.returncode == 0 and expected in " ".join(proc.stdout.split()), proc.stderr
+    return
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+  lines = proc.stderr.strip().splitlines()
+  assert expected in lines[-1], proc.stderr[-2000:]
+  if not flags[0].startswith("--methd"):  # argparse prints its usage above its error line
+    assert len(lines) == 1, proc.stderr
 
 
 @pytest.fixture(scope="module")

@@ -77,9 +77,11 @@ from __future__ import annotations
 from dllm_jax import _lazy
 
 # The package loads its modules on first use (PEP 562): `adaptive_rule`, which a config file
-# reads, imports no JAX. Every module is also an attribute (`decoding.api`, `decoding.sampling`).
+# reads, and `method_names`, which the command line reads, import no JAX. Every module is also
+# an attribute (`decoding.api`, `decoding.sampling`).
 _EXPORTS = {
     "METHODS": "api", "generate": "api", "option_names": "api",
+    "DRAFTER_METHODS": "method_names", "METHOD_NAMES": "method_names",
     "AROptions": "ar", "ar_generate": "ar",
     "DecodeOutput": "base", "NonFiniteLogitsError": "base", "pad_prompts": "base",
     "block_diffusion_generate": "d2f", "d2f_generate": "d2f",
