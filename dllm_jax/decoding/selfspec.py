@@ -35,6 +35,11 @@ q is a point mass, and the rule (accept with p(d), else resample from p without 
 output distributed exactly as AR sampling. NFE: one forward per round (`nfe == steps`);
 tokens per forward = committed / rounds (`SelfSpecStats`).
 
+Keys: one key draws round i's row b from fold_in(fold_in(fold_in(rng, i), 1), b); [B] keys
+(one per row, `serving.request_keys`) from fold_in(fold_in(rng[b], rounds[b]), 1), the row's
+own key at its own round count (`speculative.round_keys`), so the serving engine's rows
+(`serving.selfspec_rows`) decode as they would alone whenever they joined.
+
 Non-finite logits: a live row whose verified slots or mask block got NaN/inf logits is
 flagged (`DecodeOutput.finite` False, tokens pad, length 0; `on_nonfinite` chooses between
 NonFiniteLogitsError and the flag). `_init` (round 0), `_step` (one round) and `output` are
@@ -145,7 +150,10 @@ def _round(params, cfg, opts, state: SelfSpecState, hidden, mask_logits, cache, 
   accepted = jnp.where(live, accepted, 0)
   response, count, done = spec.commit(cfg, state.response, state.n, state.done, choice,
                                       accepted)
-  cache = kvc.truncate(cache, jnp.where(live, cache_len0 + accepted, cache_len0))
+  # A done row's cache keeps its length: the engine steps finished and empty slots beside
+  # live rows for as long as it runs, and their lengths stay bounded (what a forward writes
+  # past the capacity is dropped, so this changes no output).
+  cache = kvc.truncate(cache, jnp.where(live, cache_len0 + accepted, state.cache.length))
   draft = spec.greedy(mask_logits[:, 1:], (cfg.mask_token_id,))
   return state.replace(
       response=response, n=state.n + count, cache=cache,
@@ -175,7 +183,7 @@ def _init(params, prompt, valid, rng, *, cfg: ModelConfig, opts: SelfSpecOptions
   slots = jnp.full((b, k + 1), p - 1, jnp.int32)
   return _round(params, cfg, opts, state, jnp.take_along_axis(hidden, slots[..., None], 1),
                 mask_logits, cache, jnp.full((b,), p, jnp.int32), zeros,
-                spec.row_keys(rng, 0, 1, b))
+                spec.round_keys(rng, 0, zeros, 1))
 
 
 def _step(params, state: SelfSpecState, *, cfg: ModelConfig, opts: SelfSpecOptions):
@@ -193,7 +201,7 @@ def _step(params, state: SelfSpecState, *, cfg: ModelConfig, opts: SelfSpecOptio
   hidden, mask_logits, cache = _forward(params, cfg, (tokens, positions, valid),
                                         last_pos + n_drafts + 1, state.cache, k)
   return _round(params, cfg, opts, state, hidden, mask_logits, cache, cache_len0 + 1, n_drafts,
-                spec.row_keys(state.rng, state.step, 1, b))
+                spec.round_keys(state.rng, state.step, state.rounds, 1))
 
 
 def _capacity(p: int, opts: SelfSpecOptions) -> int:

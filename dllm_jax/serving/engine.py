@@ -53,6 +53,7 @@ from dllm_jax.parallel import mesh as mesh_lib
 from dllm_jax.serving import lanes as lanes_lib
 from dllm_jax.serving import metrics as metrics_lib
 from dllm_jax.serving import rows
+from dllm_jax.serving import selfspec_rows  # noqa: F401  (registers "selfspec")
 from dllm_jax.serving import speculative_rows  # noqa: F401  (registers "speculative")
 from dllm_jax.serving.requests import (
     BadOptionError, InvalidPromptError, MaskInPromptError, PromptTooLongError, Request,
@@ -85,7 +86,7 @@ class Engine:
     cfg: the model config.
     methods: a method name, or {method: options} for several lanes (each with `slots`
       slots). Served: `rows.DECODERS` ("ar", "d2f", "block_diffusion", "fast_dllm",
-      "speculative").
+      "speculative", "selfspec").
     options: the options of a single `methods` name (e.g. gen_length, block_length, tau_*).
       Speculative's drafter is a lane option: `drafter_params`, `drafter_cfg` (with drafter,
       draft_length, ...) go here, once; requests may not name them

@@ -47,6 +47,8 @@ Registered (`DECODERS`; `register` adds one, with no change to the engine):
                    "block_diffusion", "selfspec") proposes k tokens, the AR target verifies
                    them; two caches per slot, per-row acceptance and rollback (see that
                    module).
+  selfspec         `selfspec_rows.SelfSpecRows`: one network verifies the last draft and
+                   drafts the next k tokens in one forward; one cache per slot.
 Llada and Dream share one step schedule across the batch (`NOT_PER_ROW`): not served.
 """
 
@@ -71,7 +73,7 @@ def request_keys(seeds) -> Array:
   return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
 
 
-def _pad_axis(x: Array, axis: int, before: int, after: int, value) -> Array:
+def pad_axis(x: Array, axis: int, before: int, after: int, value) -> Array:
   if not before and not after:
     return x
   widths = [(0, 0)] * x.ndim
@@ -82,9 +84,23 @@ def _pad_axis(x: Array, axis: int, before: int, after: int, value) -> Array:
 def _pad_cache(cache, capacity: int):
   """A cache with `capacity` slots per row: new slots empty (NO_KEY), lengths unchanged."""
   extra = capacity - cache.capacity
-  return cache.replace(k=_pad_axis(cache.k, 2, 0, extra, 0),
-                       v=_pad_axis(cache.v, 2, 0, extra, 0),
-                       block_ids=_pad_axis(cache.block_ids, 1, 0, extra, masks.NO_KEY))
+  return cache.replace(k=pad_axis(cache.k, 2, 0, extra, 0),
+                       v=pad_axis(cache.v, 2, 0, extra, 0),
+                       block_ids=pad_axis(cache.block_ids, 1, 0, extra, masks.NO_KEY))
+
+
+def prepend_cache_slots(cache, extra: int, capacity: int):
+  """`extra` empty slots (NO_KEY) before every row's slots, lengths + extra, cut to
+  `capacity`: a cache that holds each row's prompt in its first p slots and its response
+  after them, re-padded to a prompt bucket p + extra (positions are the rows' own, so
+  moving the slots changes no attention)."""
+  if not extra:
+    return cache
+  return cache.replace(k=pad_axis(cache.k, 2, extra, 0, 0)[:, :, :capacity],
+                       v=pad_axis(cache.v, 2, extra, 0, 0)[:, :, :capacity],
+                       block_ids=pad_axis(cache.block_ids, 1, extra, 0,
+                                           masks.NO_KEY)[:, :capacity],
+                       length=cache.length + extra)
 
 
 def _leading_true(mask: Array) -> Array:
@@ -184,8 +200,8 @@ class D2FRows(RowDecoder):
 
   def pad(self, cfg, static, state, prompt_len: int):
     extra = prompt_len - state.prompt.shape[1]
-    state = state.replace(prompt=_pad_axis(state.prompt, 1, extra, 0, static.pad_id),
-                          prompt_valid=_pad_axis(state.prompt_valid, 1, extra, 0, False))
+    state = state.replace(prompt=pad_axis(state.prompt, 1, extra, 0, static.pad_id),
+                          prompt_valid=pad_axis(state.prompt_valid, 1, extra, 0, False))
     if state.cache is not None:
       state = state.replace(cache=_pad_cache(state.cache, prompt_len + static.gen_length))
     return state
@@ -250,14 +266,14 @@ class FastDLLMRows(RowDecoder):
     # prompt prepends slots to both: a padding token (invalid, position 0, as init_canvas
     # writes it) and an empty cache slot. No forward ran yet, so cache lengths are 0 either way.
     extra = prompt_len - (state.canvas.shape[1] - static.gen_length)
-    state = state.replace(canvas=_pad_axis(state.canvas, 1, extra, 0, base.output_pad_id(cfg)),
-                          valid=_pad_axis(state.valid, 1, extra, 0, False),
-                          positions=_pad_axis(state.positions, 1, extra, 0, 0))
+    state = state.replace(canvas=pad_axis(state.canvas, 1, extra, 0, base.output_pad_id(cfg)),
+                          valid=pad_axis(state.valid, 1, extra, 0, False),
+                          positions=pad_axis(state.positions, 1, extra, 0, 0))
     if state.cache is not None:
       cache = state.cache
       state = state.replace(cache=cache.replace(
-          k=_pad_axis(cache.k, 2, extra, 0, 0), v=_pad_axis(cache.v, 2, extra, 0, 0),
-          block_ids=_pad_axis(cache.block_ids, 1, extra, 0, masks.NO_KEY)))
+          k=pad_axis(cache.k, 2, extra, 0, 0), v=pad_axis(cache.v, 2, extra, 0, 0),
+          block_ids=pad_axis(cache.block_ids, 1, extra, 0, masks.NO_KEY)))
     return state
 
   def step(self, params, cfg, static, state, mesh=None, rules=None):
@@ -290,7 +306,6 @@ for _decoder in (ARRows(), D2FRows("d2f"), D2FRows("block_diffusion"), FastDLLMR
 NOT_PER_ROW = {
     "llada": "its step schedule is shared by the whole batch",
     "dream": "its step schedule is shared by the whole batch",
-    "selfspec": "it has no per-row step interface for the engine yet",
     "adaptive": "its per-request task tags and per-row keys are not wired to the engine yet",
 }
 

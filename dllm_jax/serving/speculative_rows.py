@@ -39,8 +39,6 @@ import jax.numpy as jnp
 
 from dllm_jax.decoding import base
 from dllm_jax.decoding import speculative as spec
-from dllm_jax.models import kv_cache as kvc
-from dllm_jax.models import masks
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.serving import rows
 
@@ -60,17 +58,6 @@ class SpecStatic:
   def drafter_forwards(self) -> int:
     """Drafter forwards per round: k for an AR drafter, `steps` for a diffusion one."""
     return self.opts.draft_length if self.opts.drafter == "ar" else self.opts.steps
-
-
-def _prepend_slots(cache: kvc.KVCache, extra: int, capacity: int) -> kvc.KVCache:
-  """`extra` empty slots before every row's slots (lengths + extra), cut to `capacity`."""
-  if not extra:
-    return cache
-  pad = rows._pad_axis
-  return kvc.KVCache(k=pad(cache.k, 2, extra, 0, 0)[:, :, :capacity],
-                     v=pad(cache.v, 2, extra, 0, 0)[:, :, :capacity],
-                     block_ids=pad(cache.block_ids, 1, extra, 0, masks.NO_KEY)[:, :capacity],
-                     length=cache.length + extra)
 
 
 class SpeculativeRows(rows.RowDecoder):
@@ -125,8 +112,8 @@ class SpeculativeRows(rows.RowDecoder):
     g = static.gen_length
     extra = prompt_len - (state.tcache.capacity - g)
     return state.replace(
-        tcache=_prepend_slots(state.tcache, extra, prompt_len + g),
-        dcache=_prepend_slots(state.dcache, extra,
+        tcache=rows.prepend_cache_slots(state.tcache, extra, prompt_len + g),
+        dcache=rows.prepend_cache_slots(state.dcache, extra,
                               spec._drafter_capacity(prompt_len, static.opts)))
 
   def step(self, params, cfg, static: SpecStatic, state, mesh=None, rules=None):
