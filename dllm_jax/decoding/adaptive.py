@@ -48,7 +48,14 @@ the drafter over a causal clean context (with draft_length 1, `block_diffusion_g
 with block_length 1). Rows never interact: batched rows equal their one-row decodes.
 
 NFE: `nfe = target_forwards + drafter_forwards`, each batched call counted once when it
-runs; `AdaptiveStats` reports them separately with the per-round signals.
+runs; `AdaptiveStats` reports them separately with the per-round signals. The state also
+counts, per row, the forwards a one-row decode of that row would run (`forwards`).
+
+Keys: one key draws round i's row b from fold_in(fold_in(fold_in(rng, i), 1), b); [B] keys
+(one per row, `serving.request_keys`) from fold_in(fold_in(rng[b], rounds[b]), 1), the row's
+own key at its own round count (`speculative.round_keys`), and the per-round records are
+written at the row's own round: so the serving engine's rows (`serving.adaptive_rows`)
+decode as they would alone whenever they joined.
 
 `_init` (round 0), `_step` (one round) and `output` are also the step interface
 `decoding.streaming` drives (one event per round; `AdaptiveRun` carries the drafter and the
@@ -236,7 +243,10 @@ class AdaptiveStats:
 @flax.struct.dataclass
 class AdaptiveState:
   """Loop carry: response [B, G]; n, prompt_len, mode, forced, drafted, accepted, streak,
-  done, finite [B]; the per-round records [B, G]; both caches (see speculative.SpecState)."""
+  done, finite, rounds (rounds the row was live), forwards (the forwards a one-row decode of
+  the row counts: its target forwards + its drafter's) [B]; the per-round records [B, G],
+  column i the row's own round i; both caches (see speculative.SpecState); knobs, the
+  rule's traced thresholds ({name: []})."""
   response: Array
   n: Array
   prompt_len: Array
@@ -254,10 +264,13 @@ class AdaptiveState:
   round_confidence: Array
   round_accepted: Array
   round_committed: Array
+  rounds: Array
+  forwards: Array
   step: Array
   target_forwards: Array
   drafter_forwards: Array
   rng: Array
+  knobs: dict
 
 
 # ----------------------------------------------------------------------------- one round
@@ -288,7 +301,7 @@ def _round(state: AdaptiveState, mode, drafts, conf, logits, tcache, dcache, t_k
   live = ~state.done
   verifying = live & (mode == VERIFY)
   n_drafts = jnp.where(verifying, k, 0)
-  keys = spec.row_keys(state.rng, state.step, 1, b)
+  keys = spec.round_keys(state.rng, state.step, state.rounds, 1)
   choice, a = spec.verify(logits, drafts, n_drafts, keys, temperature=opts.temperature,
                           top_k=opts.top_k, top_p=opts.top_p, forbid_ids=(tcfg.mask_token_id,))
   parallel = mode == PARALLEL
@@ -313,7 +326,14 @@ def _round(state: AdaptiveState, mode, drafts, conf, logits, tcache, dcache, t_k
                        mode)
   c = jnp.mean(conf, -1)
   s = state.step
-  rec = lambda arr, val: arr.at[:, s].set(val.astype(arr.dtype), mode="drop")
+  # Column: the row's own round (= s for rows that started together; a done row rewrites
+  # its first idle column with the idle values it already holds).
+  rec = lambda arr, val: arr.at[jnp.arange(b), state.rounds].set(val.astype(arr.dtype),
+                                                                mode="drop")
+  # The forwards this row alone would have run: the drafter's where it drafted (round 0: any
+  # row not tagged AR drafts, for its c0), the target's where it did not commit in parallel.
+  drafted_row = (state.forced != AR) if first else (live & (mode != AR))
+  row_forwards = used_target.astype(jnp.int32) + jnp.where(drafted_row, opts.steps, 0)
   return state.replace(
       response=response, n=state.n + count, tcache=tcache, dcache=dcache, mode=new_mode,
       drafted=drafted, accepted=accepted, streak=streak, done=done, finite=finite,
@@ -322,6 +342,7 @@ def _round(state: AdaptiveState, mode, drafts, conf, logits, tcache, dcache, t_k
                            jnp.where(live & (mode != AR), c, jnp.nan)),
       round_accepted=rec(state.round_accepted, jnp.where(verifying, a, -1)),
       round_committed=rec(state.round_committed, count),
+      rounds=state.rounds + live.astype(jnp.int32), forwards=state.forwards + row_forwards,
       step=s + 1, target_forwards=state.target_forwards + ran_target.astype(jnp.int32),
       drafter_forwards=state.drafter_forwards + jnp.where(ran_drafter, opts.steps, 0))
 
@@ -370,8 +391,9 @@ def _init(tparams, dparams, prompt, valid, forced, rng, knobs, *, tcfg, dcfg,
       round_confidence=jnp.full((b, g), jnp.nan, jnp.float32),
       round_accepted=jnp.full((b, g), -1, jnp.int32), round_committed=jnp.zeros((b, g),
                                                                                 jnp.int32),
-      step=jnp.zeros((), jnp.int32), target_forwards=jnp.zeros((), jnp.int32),
-      drafter_forwards=jnp.zeros((), jnp.int32), rng=rng)
+      rounds=zeros, forwards=zeros, step=jnp.zeros((), jnp.int32),
+      target_forwards=jnp.zeros((), jnp.int32), drafter_forwards=jnp.zeros((), jnp.int32),
+      rng=rng, knobs=knobs)
   return _round(state, mode, drafts, conf, logits, tcache, dcache, jnp.full((b,), p, jnp.int32),
                 knobs, tcfg=tcfg, opts=opts, ran_target=ran_target, ran_drafter=ran_drafter,
                 first=True)

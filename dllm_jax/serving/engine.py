@@ -53,6 +53,7 @@ from dllm_jax.parallel import mesh as mesh_lib
 from dllm_jax.serving import lanes as lanes_lib
 from dllm_jax.serving import metrics as metrics_lib
 from dllm_jax.serving import rows
+from dllm_jax.serving import adaptive_rows  # noqa: F401  (registers "adaptive")
 from dllm_jax.serving import selfspec_rows  # noqa: F401  (registers "selfspec")
 from dllm_jax.serving import speculative_rows  # noqa: F401  (registers "speculative")
 from dllm_jax.serving.requests import (
@@ -86,11 +87,12 @@ class Engine:
     cfg: the model config.
     methods: a method name, or {method: options} for several lanes (each with `slots`
       slots). Served: `rows.DECODERS` ("ar", "d2f", "block_diffusion", "fast_dllm",
-      "speculative", "selfspec").
+      "speculative", "selfspec", "adaptive").
     options: the options of a single `methods` name (e.g. gen_length, block_length, tau_*).
-      Speculative's drafter is a lane option: `drafter_params`, `drafter_cfg` (with drafter,
-      draft_length, ...) go here, once; requests may not name them
-      (`speculative_rows`).
+      Speculative's and adaptive's drafter is a lane option: `drafter_params`,
+      `drafter_cfg` (with drafter, draft_length, ...) go here, once; requests may not name
+      them (`speculative_rows`, `adaptive_rows`). Adaptive's `task_modes` and thresholds
+      are the lane's too; a request may name its own `task` tag (a row option).
     slots: B, rows decoded together per lane.
     max_prompt_len: longest prompt accepted (the largest prompt bucket).
     prompt_buckets: padded prompt lengths admissions compile for (default 16, 32, ...,
@@ -188,6 +190,7 @@ class Engine:
       raise UnknownMethodError(f"request {rid}: " + _method_message(method, self.lanes))
     lane = self.lanes[method]
     options = dict(options or {})
+    row = {k: options.pop(k) for k in lane.decoder.row_options if k in options}
     fixed = sorted(set(options) & set(lane.decoder.lane_options))
     if fixed:
       raise BadOptionError(
@@ -197,6 +200,7 @@ class Engine:
     try:
       api.check_options(method, options)
       opts = lane.decoder.make_options(self.cfg, {**lane.options, **options})
+      row_input = lane.decoder.row_input(lane.opts, row)
     except ValueError as e:
       raise BadOptionError(f"request {rid}: {e}") from None
     if opts != lane.opts:
@@ -227,7 +231,8 @@ class Engine:
       stops = check_stop_ids(stop_ids, self.cfg.vocab_size)
     except BadOptionError as e:
       raise BadOptionError(f"request {rid}: {e}") from None
-    return lane, Request(rid, tuple(tokens), method, int(max_new_tokens), stops, seed, now)
+    return lane, Request(rid, tuple(tokens), method, int(max_new_tokens), stops, seed, now,
+                         row_input)
 
   def _tokens(self, rid, prompt) -> list[int]:
     if isinstance(prompt, str):

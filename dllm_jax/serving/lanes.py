@@ -55,12 +55,19 @@ def _constrain(decoder, state, mesh, rules):
                                 is_leaf=lambda x: x is None)
 
 
+def _row_inputs(decoder, row_inputs) -> dict:
+  """`init`'s row_inputs keyword, for the decoders that declare row options."""
+  return {"row_inputs": row_inputs} if decoder.row_options else {}
+
+
 @functools.partial(jax.jit, static_argnames=_STATIC + ("prompt_len",),
                    donate_argnames=("state",))
-def _admit(params, state, traced, tokens, valid, seeds, slots, *, decoder, cfg, static,
-           prompt_len, mesh, rules):
-  """Inits A rows (tokens [A, p]) with their requests' keys and scatters them into `slots`."""
-  new = decoder.init(params, cfg, static, traced, tokens, valid, rows.request_keys(seeds))
+def _admit(params, state, traced, tokens, valid, seeds, row_inputs, slots, *, decoder, cfg,
+           static, prompt_len, mesh, rules):
+  """Inits A rows (tokens [A, p]) with their requests' keys (and row inputs, for a decoder
+  with `row_options`) and scatters them into `slots`."""
+  new = decoder.init(params, cfg, static, traced, tokens, valid, rows.request_keys(seeds),
+                     **_row_inputs(decoder, row_inputs))
   new = decoder.pad(cfg, static, new, prompt_len)
   return _constrain(decoder, rows.scatter_rows(decoder, state, new, slots), mesh, rules)
 
@@ -117,6 +124,7 @@ class Lane:
     self.mask_id = self.decoder.mask_id(cfg, self.static)
     self.params = self.decoder.lane_params(engine.params, cfg, self.static, self.options,
                                            engine.mesh, engine.rules)
+    self.filler_input = self.decoder.row_input(self.opts, {})  # rows no request fills
     self.stop_ids = frozenset(base.stop_ids(cfg))
     self.queue: collections.deque[Request] = collections.deque()
     self.slots: list[_Live | None] = [None] * engine.num_slots
@@ -137,7 +145,8 @@ class Lane:
     shapes = jax.eval_shape(
         lambda: self.decoder.init(self.params, e.cfg, self.static, self.traced,
                                   jnp.zeros((b, p), jnp.int32), jnp.ones((b, p), bool),
-                                  rows.request_keys(np.zeros(b, np.uint32))))
+                                  rows.request_keys(np.zeros(b, np.uint32)),
+                                  **_row_inputs(self.decoder, jnp.zeros((b,), jnp.int32))))
     state = rows.empty_like(shapes, self.decoder, self.traced)
     if e.mesh is not None:
       with e.context():
@@ -153,10 +162,13 @@ class Lane:
     tokens, valid = base.pad_prompts(prompts, base.output_pad_id(e.cfg), p)
     seeds = np.zeros(a, np.uint32)
     seeds[:len(requests)] = [r.seed for r in requests]
+    inputs = np.full(a, self.filler_input, np.int32)
+    inputs[:len(requests)] = [r.row_input for r in requests]
     where = np.full(a, e.num_slots, np.int32)  # unused rows: out of range, dropped
     where[:len(requests)] = slots
     with e.context():
-      self.state = _admit(self.params, self.state, self.traced, tokens, valid, seeds, where,
+      self.state = _admit(self.params, self.state, self.traced, tokens, valid, seeds, inputs,
+                          where,
                           prompt_len=e.prompt_buckets[-1], **self._kw())
 
   def run(self, max_steps: int):

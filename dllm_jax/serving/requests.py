@@ -58,6 +58,8 @@ class Request:
       EOS / end-of-turn always stop).
     seed: the request's sampling seed; its row's randomness depends only on it.
     arrival: `time.perf_counter()` at submission.
+    row_input: what the lane's decoder reads from the request's per-row options
+      (`RowDecoder.row_input`; adaptive: the mode its task tag forces, -1 for none).
   """
   id: int
   prompt: tuple[int, ...]
@@ -66,6 +68,7 @@ class Request:
   stop_ids: tuple[int, ...]
   seed: int
   arrival: float
+  row_input: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

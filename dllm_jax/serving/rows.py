@@ -17,7 +17,8 @@ module to the engine:
   check_window(cfg, static, P)                  the lane's window check (ValueError)
   mask_id(cfg, static) -> the id prompts must not hold (diffusion's [MASK]) or None
   init(params, cfg, static, traced, tokens [A, p], valid [A, p], keys [A], mesh, rules)
-      -> state of A rows (the method's batched init: AR prefill, D2F's first forward)
+      -> state of A rows (the method's batched init: AR prefill, D2F's first forward);
+      a decoder with `row_options` also gets row_inputs [A] (`row_input` of each request)
   pad(cfg, static, state, P) -> the A-row state as if its prompts were padded to P
   step(params, cfg, static, state, mesh, rules) -> state   (one batched forward)
   with_traced(state, traced) -> state holding the traced knobs (a shared, scalar field)
@@ -49,6 +50,9 @@ Registered (`DECODERS`; `register` adds one, with no change to the engine):
                    module).
   selfspec         `selfspec_rows.SelfSpecRows`: one network verifies the last draft and
                    drafts the next k tokens in one forward; one cache per slot.
+  adaptive         `adaptive_rows.AdaptiveRows`: per row and round, the drafter's block
+                   committed in parallel, verified by the AR target, or plain AR; a
+                   request's `task` tag (a row option) may force its mode.
 Llada and Dream share one step schedule across the batch (`NOT_PER_ROW`): not served.
 """
 
@@ -116,6 +120,15 @@ class RowDecoder:
   # Options fixed per lane, given once to the engine (e.g. a second model's params); a
   # request naming one is refused.
   lane_options = ()
+  # Request options that may differ from row to row of a lane (adaptive's `task` tag):
+  # `row_input` turns a request's into one int32, and `init` receives the admitted rows'
+  # as `row_inputs` [A] (only decoders that declare some).
+  row_options = ()
+
+  def row_input(self, opts, options: dict) -> int:
+    """The int32 a request's `row_options` values give its row (ValueError naming the fix);
+    `options` is empty for a request that sets none."""
+    return 0
 
   def lane_params(self, params, cfg: ModelConfig, static, options: dict, mesh, rules):
     """The params the lane's programs take (the engine's, already placed on its mesh)."""
@@ -306,7 +319,6 @@ for _decoder in (ARRows(), D2FRows("d2f"), D2FRows("block_diffusion"), FastDLLMR
 NOT_PER_ROW = {
     "llada": "its step schedule is shared by the whole batch",
     "dream": "its step schedule is shared by the whole batch",
-    "adaptive": "its per-request task tags and per-row keys are not wired to the engine yet",
 }
 
 
