@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from dllm_jax.decoding import adaptive, generate
-from dllm_jax.serving import (BadOptionError, Engine, MaskInPromptError, StreamUpdate,
-                              request_keys)
-from test_serving_engine import CFG, G, _serve, params, workload  # noqa: F401
+from dllm_jax.serving import BadOptionError, Engine, MaskInPromptError, request_keys
+from test_serving_engine import (CFG, G, assert_streams_add_up, params,  # noqa: F401
+                                 workload)
 
 TAGS = {"sum": "ar", "sort": "parallel", "copy": "verify", "other": "auto"}
 RULE = dict(draft_length=3, parallel_confidence=0.75, ar_confidence=0.6, min_acceptance=0.3,
@@ -80,11 +80,7 @@ def test_outputs_equal_alone(params, sampling):
   for (prompt, kw, tag), r, (_, nfe, _) in zip(requests, results, refs):
     if "max_new_tokens" not in kw and "stop_ids" not in kw:  # ran to its end
       assert r.nfe == nfe, (prompt, kw, tag)
-  streamed = {}
-  for e in events:
-    if isinstance(e, StreamUpdate):
-      streamed[e.request_id] = streamed.get(e.request_id, ()) + e.new_tokens
-  assert all(streamed[r.request_id] == r.tokens for r in results)
+  assert_streams_add_up(events, results)
   if sampling == "sampled":  # the seed matters
     other = alone(params, options, [(p, dict(kw, seed=kw["seed"] + 1), t)
                                     for p, kw, t in requests])

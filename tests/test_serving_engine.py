@@ -100,6 +100,15 @@ def _serve(engine, method, options, requests, order=None):
   return [by_id[ids[i]] for i in range(len(requests))], events
 
 
+def assert_streams_add_up(events, results):
+  """Each request's StreamUpdate tokens concatenate to its Result's tokens."""
+  streamed = {}
+  for e in events:
+    if isinstance(e, StreamUpdate):
+      streamed[e.request_id] = streamed.get(e.request_id, ()) + e.new_tokens
+  assert all(streamed[r.request_id] == r.tokens for r in results)
+
+
 # The second engine of `_check_outputs` (and the cancel test's): other slot count, one
 # step per run, one bucket and one admit size (the 8-slot engine covers bucket 8 and the
 # default admit sizes 1, 4, 8), so it compiles two programs per lane instead of five.

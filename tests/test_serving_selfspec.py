@@ -20,10 +20,10 @@ import pytest
 from dllm_jax.decoding import generate
 from dllm_jax.decoding import selfspec
 from dllm_jax.serving import (BadOptionError, Engine, MaskInPromptError, PromptTooLongError,
-                              StreamUpdate, request_keys)
+                              request_keys)
 from dllm_jax.serving import selfspec_rows
 from test_decoding_speculative import train
-from test_serving_engine import CFG, G, _alone, _serve, workload
+from test_serving_engine import CFG, G, _alone, _serve, assert_streams_add_up, workload
 
 LANES = {"greedy": dict(draft_length=3), "sampled": dict(draft_length=3, temperature=0.9),
          "wide_draft": dict(draft_length=10)}
@@ -84,11 +84,7 @@ def test_outputs_equal_alone(params, lane):
   for (prompt, kw), r, (_, nfe, _) in zip(requests, results, refs):
     if "max_new_tokens" not in kw and "stop_ids" not in kw:  # ran to its end: its rounds
       assert r.nfe == nfe, (prompt, kw)
-  streamed = {}
-  for e in events:
-    if isinstance(e, StreamUpdate):
-      streamed[e.request_id] = streamed.get(e.request_id, ()) + e.new_tokens
-  assert all(streamed[r.request_id] == r.tokens for r in results)
+  assert_streams_add_up(events, results)
   if "temperature" not in options:  # the network's own greedy choices: AR greedy
     assert [r.tokens for r in results] == _alone(params, "ar", {}, requests)
   else:  # the seed matters

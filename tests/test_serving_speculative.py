@@ -26,8 +26,9 @@ from conftest import backend_compiles
 from dllm_jax.decoding import generate
 from dllm_jax.models import init_params
 from dllm_jax.serving import (BadOptionError, Engine, MaskInPromptError, PromptTooLongError,
-                              Result, StreamUpdate, request_keys)
-from test_serving_engine import CFG, G, _alone, _serve, params, workload  # noqa: F401
+                              Result, request_keys)
+from test_serving_engine import (CFG, G, _alone, _serve, assert_streams_add_up,  # noqa: F401
+                                 params, workload)
 
 K = 3
 LANES = {  # lane -> (drafter kind, sampling options)
@@ -92,11 +93,7 @@ def test_outputs_equal_alone(params, lane):
   for (prompt, kw), r, (tokens, nfe) in zip(requests, results, refs):
     if "max_new_tokens" not in kw and "stop_ids" not in kw:
       assert r.nfe == nfe, (prompt, kw)
-  streamed = {}
-  for e in events:
-    if isinstance(e, StreamUpdate):
-      streamed[e.request_id] = streamed.get(e.request_id, ()) + e.new_tokens
-  assert all(streamed[r.request_id] == r.tokens for r in results)
+  assert_streams_add_up(events, results)
   if "greedy" in lane:  # the target's greedy choices: AR greedy token for token
     assert [r.tokens for r in results] == _alone(params, "ar", {}, requests)
   else:  # the seed matters

@@ -25,27 +25,26 @@ later decodes as it would alone, whatever modes the other rows are in: a model's
 runs for the whole batch when any live row needs it, and a row reads only its own slots.
 Admission runs round 0 (the drafter's first block, the modes, the target's verifying
 prefill); a step is one round. The loop's all-AR second phase (`_generate`) is the same
-computation, so the engine keeps the general round. `pad` works as speculative's: both
-caches hold the prompt in their first p slots, so P - p empty slots are prepended.
+computation, so the engine keeps the general round. The drafter lane option, the two caches
+and their re-padding are speculative's (`speculative_rows.DraftedRows`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 
 from dllm_jax.decoding import adaptive
-from dllm_jax.decoding import base
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.serving import rows
+from dllm_jax.serving import speculative_rows
 
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveStatic:
   """The lane's options and the drafter's config (its params are the lane's:
-  `AdaptiveRows.lane_params`). Split, `opts` holds canonical thresholds (the lane's knobs
+  `DraftedRows.lane_params`). Split, `opts` holds canonical thresholds (the lane's knobs
   carry the real ones) and no tag map (`row_input` reads the unsplit one)."""
   opts: adaptive.AdaptiveOptions
   drafter_cfg: ModelConfig
@@ -55,11 +54,10 @@ class AdaptiveStatic:
     return self.opts.gen_length
 
 
-class AdaptiveRows(rows.RowDecoder):
+class AdaptiveRows(speculative_rows.DraftedRows):
   """Adaptive rows: round 0 (draft, modes, verifying prefill) admits a row; one round a
   step."""
 
-  lane_options = ("drafter_params", "drafter_cfg")
   row_options = ("task",)
 
   def __init__(self):
@@ -76,28 +74,12 @@ class AdaptiveRows(rows.RowDecoder):
     """The mode code the request's `task` forces (-1: none; the rule decides)."""
     return int(opts.opts.forced_modes([options.get("task")], 1)[0])
 
-  def lane_params(self, params, cfg: ModelConfig, static: AdaptiveStatic, options: dict, mesh,
-                  rules):
-    drafter = options["drafter_params"]
-    if mesh is not None:
-      drafter = base.place_params(drafter, static.drafter_cfg, mesh, rules)
-    return params, drafter
+  def drafter_capacity(self, static: AdaptiveStatic, prompt_len: int) -> int:
+    return adaptive.drafter_capacity(prompt_len, static.opts)
 
   def split(self, opts: AdaptiveStatic):
     static, knobs = opts.opts.split()
     return AdaptiveStatic(static, opts.drafter_cfg), knobs
-
-  def gen_length(self, static: AdaptiveStatic) -> int:
-    return static.gen_length
-
-  def check_window(self, cfg: ModelConfig, static: AdaptiveStatic, prompt_len: int) -> None:
-    opts, dcfg = static.opts, static.drafter_cfg
-    base.check_window(cfg, prompt_len, opts.gen_length)
-    base.check_window(dcfg, prompt_len, opts.gen_length)
-    if adaptive.drafter_capacity(prompt_len, opts) > dcfg.max_seq_len:
-      raise ValueError(f"the drafter forwards 2 * draft_length + 1 = "
-                       f"{2 * opts.draft_length + 1} slots, more than its window max_seq_len="
-                       f"{dcfg.max_seq_len}; lower draft_length.")
 
   def mask_id(self, cfg: ModelConfig, static: AdaptiveStatic):
     return static.drafter_cfg.mask_token_id  # the diffusion drafter's blank
@@ -114,14 +96,6 @@ class AdaptiveRows(rows.RowDecoder):
     return adaptive._init(tparams, dparams, tokens, valid, forced, keys, traced, tcfg=cfg,
                           dcfg=static.drafter_cfg, opts=static.opts)
 
-  def pad(self, cfg, static: AdaptiveStatic, state, prompt_len: int):
-    g = static.gen_length
-    extra = prompt_len - (state.tcache.capacity - g)
-    return state.replace(
-        tcache=rows.prepend_cache_slots(state.tcache, extra, prompt_len + g),
-        dcache=rows.prepend_cache_slots(state.dcache, extra,
-                                        adaptive.drafter_capacity(prompt_len, static.opts)))
-
   def step(self, params, cfg, static: AdaptiveStatic, state, mesh=None, rules=None):
     tparams, dparams = params
     return adaptive._step(tparams, dparams, state.knobs, state, tcfg=cfg,
@@ -133,14 +107,6 @@ class AdaptiveRows(rows.RowDecoder):
   def progress(self, static: AdaptiveStatic, state):
     # response[:n] is committed (final); nfe: the forwards a one-row decode of the row counts.
     return state.response, state.n, state.done, state.finite, state.forwards
-
-  def row_axes(self, state):
-    def axis(path, leaf):
-      if jnp.ndim(leaf) == 0:
-        return None
-      keys = [getattr(p, "name", getattr(p, "key", None)) for p in path]
-      return 1 if keys[-1] in ("k", "v") and keys[-2] in ("tcache", "dcache") else 0
-    return jax.tree_util.tree_map_with_path(axis, state)
 
 
 rows.register(AdaptiveRows())

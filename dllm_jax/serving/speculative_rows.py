@@ -27,7 +27,9 @@ and commit nothing.
 in their first p slots and each row's response after them (speculative's diffusion drafter
 reads the prompt width as the target cache's capacity - G), so P - p empty slots (NO_KEY)
 are prepended to both caches and their lengths move by P - p; the drafter cache is cut
-back to its capacity at P (its trailing slots are never written).
+back to its capacity at P (its trailing slots are never written). `DraftedRows` holds what
+speculative shares with adaptive decoding (`adaptive_rows`): the drafter lane option, the
+two caches, their re-padding and window check.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from dllm_jax.serving import rows
 @dataclasses.dataclass(frozen=True)
 class SpecStatic:
   """The lane's jit-static part: speculative's options and the drafter's config (the
-  drafter's params are the lane's, not here: `SpeculativeRows.lane_params`)."""
+  drafter's params are the lane's, not here: `DraftedRows.lane_params`)."""
   opts: spec.SpecOptions
   drafter_cfg: ModelConfig
 
@@ -60,10 +62,55 @@ class SpecStatic:
     return self.opts.draft_length if self.opts.drafter == "ar" else self.opts.steps
 
 
-class SpeculativeRows(rows.RowDecoder):
-  """Speculative rows: round 0 (draft + verifying prefill) admits a row; one round a step."""
+class DraftedRows(rows.RowDecoder):
+  """Rows of an AR target with a drafter beside it (speculative, adaptive): the drafter is a
+  lane option, the lane's params are (target params, drafter params), and each row has a
+  target cache `tcache` ([L, B, P + G, K, Dh]) and a drafter cache `dcache`, both holding
+  the prompt in their first p slots. The static part has `opts` and `drafter_cfg`;
+  subclasses say how many slots the drafter's cache needs (`drafter_capacity`)."""
 
   lane_options = ("drafter_params", "drafter_cfg")
+
+  def drafter_capacity(self, static, prompt_len: int) -> int:
+    raise NotImplementedError
+
+  def lane_params(self, params, cfg: ModelConfig, static, options: dict, mesh, rules):
+    drafter = options["drafter_params"]
+    if mesh is not None:
+      drafter = base.place_params(drafter, static.drafter_cfg, mesh, rules)
+    return params, drafter
+
+  def gen_length(self, static) -> int:
+    return static.opts.gen_length
+
+  def check_window(self, cfg: ModelConfig, static, prompt_len: int) -> None:
+    opts, dcfg = static.opts, static.drafter_cfg
+    base.check_window(cfg, prompt_len, opts.gen_length)
+    base.check_window(dcfg, prompt_len, opts.gen_length)
+    if self.drafter_capacity(static, prompt_len) > dcfg.max_seq_len:
+      raise ValueError(f"a diffusion drafter forwards 2 * draft_length + 1 = "
+                       f"{2 * opts.draft_length + 1} slots, more than its window max_seq_len="
+                       f"{dcfg.max_seq_len}; lower draft_length.")
+
+  def pad(self, cfg, static, state, prompt_len: int):
+    g = static.opts.gen_length
+    extra = prompt_len - (state.tcache.capacity - g)
+    return state.replace(
+        tcache=rows.prepend_cache_slots(state.tcache, extra, prompt_len + g),
+        dcache=rows.prepend_cache_slots(state.dcache, extra,
+                                        self.drafter_capacity(static, prompt_len)))
+
+  def row_axes(self, state):
+    def axis(path, leaf):
+      if jnp.ndim(leaf) == 0:
+        return None
+      keys = [getattr(p, "name", getattr(p, "key", None)) for p in path]
+      return 1 if keys[-1] in ("k", "v") and keys[-2] in ("tcache", "dcache") else 0
+    return jax.tree_util.tree_map_with_path(axis, state)
+
+
+class SpeculativeRows(DraftedRows):
+  """Speculative rows: round 0 (draft + verifying prefill) admits a row; one round a step."""
 
   def __init__(self):
     super().__init__(method="speculative", needs_mask=False)
@@ -73,27 +120,11 @@ class SpeculativeRows(rows.RowDecoder):
     run = spec.run_options(cfg, **options)
     return SpecStatic(run.opts, run.drafter_cfg)
 
-  def lane_params(self, params, cfg: ModelConfig, static: SpecStatic, options: dict, mesh,
-                  rules):
-    drafter = options["drafter_params"]
-    if mesh is not None:
-      drafter = base.place_params(drafter, static.drafter_cfg, mesh, rules)
-    return params, drafter
+  def drafter_capacity(self, static: SpecStatic, prompt_len: int) -> int:
+    return spec._drafter_capacity(prompt_len, static.opts)
 
   def split(self, opts: SpecStatic):
     return opts, ()  # every option is static (temperature included: greedy is its own rule)
-
-  def gen_length(self, static: SpecStatic) -> int:
-    return static.gen_length
-
-  def check_window(self, cfg: ModelConfig, static: SpecStatic, prompt_len: int) -> None:
-    opts, dcfg = static.opts, static.drafter_cfg
-    base.check_window(cfg, prompt_len, opts.gen_length)
-    base.check_window(dcfg, prompt_len, opts.gen_length)
-    if spec._drafter_capacity(prompt_len, opts) > dcfg.max_seq_len:
-      raise ValueError(f"a diffusion drafter forwards 2 * draft_length + 1 = "
-                       f"{2 * opts.draft_length + 1} slots, more than its window max_seq_len="
-                       f"{dcfg.max_seq_len}; lower draft_length.")
 
   def mask_id(self, cfg: ModelConfig, static: SpecStatic):
     # A diffusion drafter reads [MASK] as a blank; the AR target has no such id.
@@ -108,14 +139,6 @@ class SpeculativeRows(rows.RowDecoder):
     return spec._init(tparams, dparams, tokens, valid, keys, tcfg=cfg,
                       dcfg=static.drafter_cfg, opts=static.opts)
 
-  def pad(self, cfg, static: SpecStatic, state, prompt_len: int):
-    g = static.gen_length
-    extra = prompt_len - (state.tcache.capacity - g)
-    return state.replace(
-        tcache=rows.prepend_cache_slots(state.tcache, extra, prompt_len + g),
-        dcache=rows.prepend_cache_slots(state.dcache, extra,
-                              spec._drafter_capacity(prompt_len, static.opts)))
-
   def step(self, params, cfg, static: SpecStatic, state, mesh=None, rules=None):
     tparams, dparams = params
     return spec._step(tparams, dparams, state, tcfg=cfg, dcfg=static.drafter_cfg,
@@ -129,14 +152,6 @@ class SpeculativeRows(rows.RowDecoder):
     # forward and the drafter's forwards (as `speculative_generate` counts a one-row batch).
     nfe = state.rounds * (1 + static.drafter_forwards)
     return state.response, state.n, state.done, state.finite, nfe
-
-  def row_axes(self, state):
-    def axis(path, leaf):
-      if jnp.ndim(leaf) == 0:
-        return None
-      keys = [getattr(p, "name", getattr(p, "key", None)) for p in path]
-      return 1 if keys[-1] in ("k", "v") and keys[-2] in ("tcache", "dcache") else 0
-    return jax.tree_util.tree_map_with_path(axis, state)
 
 
 rows.register(SpeculativeRows())
