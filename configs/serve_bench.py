@@ -15,7 +15,9 @@ request; the EOS logit column is scaled by `eos_scale` so that the model also en
 on its own at varied lengths (at eos_scale 1 it rarely does: the answer budgets make the
 mix). D2F keeps at most `d2f_max_active_blocks` blocks in flight. Random weights, not a
 trained model: the benchmark measures
-scheduling, which depends on the mix of answer lengths, not on what the tokens say.
+scheduling, which depends on the mix of answer lengths, not on what the tokens say. The
+hybrids (`--config.methods='("speculative","selfspec","adaptive")'`) draft with the same
+random weights, so they measure the scheduling of round-based decoders, not drafting.
 """
 
 from ml_collections import config_dict
@@ -41,4 +43,8 @@ def get_config():
   # every stage, so its fitted window is the widest row's: with no bound that is most of the
   # response every step (engine 1.41x static at concurrency 16 on this CPU, vs 1.70x at 2).
   c.d2f_max_active_blocks = 2
+  # The hybrids (methods "speculative", "selfspec", "adaptive"): tokens drafted per round,
+  # and adaptive's task tag -> mode map (each request's tag is its task's name).
+  c.draft_length = 4
+  c.adaptive_task_modes = (("arithmetic", "ar"), ("long_addition", "auto"))
   return c

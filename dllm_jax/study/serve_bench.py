@@ -11,6 +11,12 @@ both decode with the same options and per-request seeds, so their outputs are id
 up both paths first (every shape compiled), then times static and engine back to back.
 Prompts are padded to one length (max_prompt_len) on both sides, so nothing recompiles.
 
+The hybrids (`speculative`, `selfspec`, `adaptive`) read the same random weights as their
+drafter (a D2F drafter for speculative and adaptive; selfspec's mask block): they rarely
+accept a draft, so their cells measure the scheduling of round-based decoders, not drafting.
+Adaptive's requests carry their task name as the task tag (`adaptive_task_modes` maps tags
+to modes): static batches pass `tasks=[...]`, the engine one `task` per request.
+
 Output: serve_bench.json (config, per-cell metrics), serve_bench.md (the table), and
 serve_bench.png (throughput and p95 latency against concurrency).
 """
@@ -26,13 +32,15 @@ import numpy as np
 
 from dllm_jax.data import tasks as tasks_lib
 from dllm_jax.data.tokenizers import CharTokenizer
-from dllm_jax.decoding import ar, base, d2f, fast_dllm
+from dllm_jax.decoding import adaptive, ar, base, d2f, fast_dllm, selfspec, speculative
 from dllm_jax.models import get_preset, init_params
 from dllm_jax.serving import Engine, Result, metrics, request_keys
 
 GENERATE = {"ar": ar.ar_generate, "d2f": d2f.d2f_generate,
             "block_diffusion": d2f.block_diffusion_generate,
-            "fast_dllm": fast_dllm.fast_dllm_generate}
+            "fast_dllm": fast_dllm.fast_dllm_generate,
+            "speculative": speculative.speculative_generate,
+            "selfspec": selfspec.selfspec_generate, "adaptive": adaptive.adaptive_generate}
 
 
 def build_model(config):
@@ -54,7 +62,8 @@ def build_model(config):
 
 
 def workload(config, cfg):
-  """[(prompt ids, max_new_tokens, seed)] of the synthetic suite, in arrival order."""
+  """[(prompt ids, max_new_tokens, seed, task name)] of the synthetic suite, in arrival
+  order."""
   tok = CharTokenizer(tasks_lib.TASK_ALPHABET)
   if tok.vocab_size > cfg.vocab_size:
     raise ValueError(f"the task alphabet needs vocab {tok.vocab_size} > {cfg.vocab_size}.")
@@ -62,17 +71,31 @@ def workload(config, cfg):
   out = []
   for i, ex in enumerate(tasks_lib.examples(suite, config.num_requests, config.seed)):
     prompt = tok.encode(ex.prompt)[-config.max_prompt_len:]
-    out.append((prompt, min(len(ex.answer) + 1, config.gen_length), config.seed * 100003 + i))
+    out.append((prompt, min(len(ex.answer) + 1, config.gen_length), config.seed * 100003 + i,
+                ex.task))
   return out
 
 
-def method_options(config, method: str) -> dict:
+HYBRIDS = ("speculative", "selfspec", "adaptive")
+
+
+def method_options(config, method: str, params=None, cfg=None) -> dict:
+  """The options of `method`'s lane (and of its static batches); the hybrids that draft
+  with a second model get the same `params` / `cfg` as their drafter."""
   opts = dict(gen_length=config.gen_length, temperature=config.temperature)
-  if method != "ar":
+  if method in HYBRIDS:
+    opts["draft_length"] = config.draft_length
+  elif method != "ar":
     opts["block_length"] = config.block_length
   if method == "d2f":
     opts.update(dict(config.d2f_taus))
     opts["max_active_blocks"] = config.d2f_max_active_blocks
+  if method in ("speculative", "adaptive"):
+    opts.update(drafter_params=params, drafter_cfg=cfg)
+  if method == "speculative":
+    opts["drafter"] = "d2f"
+  if method == "adaptive":
+    opts["task_modes"] = dict(config.adaptive_task_modes)
   return opts
 
 
@@ -87,21 +110,24 @@ def run_static(params, cfg, method, opts, requests, concurrency, prompt_len):
   for start in range(0, len(requests), concurrency):
     batch = requests[start:start + concurrency]
     rows = batch + [batch[-1]] * (concurrency - len(batch))  # one shape: pad with a repeat
-    tokens, valid = base.pad_prompts([p for p, _, _ in rows], base.output_pad_id(cfg),
+    tokens, valid = base.pad_prompts([r[0] for r in rows], base.output_pad_id(cfg),
                                      prompt_len)
-    out = fn(params, cfg, tokens, valid, request_keys([s for _, _, s in rows]), **opts)
+    tags = dict(tasks=[r[3] for r in rows]) if method == "adaptive" else {}
+    out = fn(params, cfg, tokens, valid, request_keys([r[2] for r in rows]), **opts, **tags)
     lengths, toks = jax.device_get((out.lengths, out.tokens))
     now = time.perf_counter()
-    for i, (_, max_new, _) in enumerate(batch):
+    for i, (_, max_new, _, _) in enumerate(batch):
       tokens_i = _cut(toks[i], int(lengths[i]), max_new)
       results.append(Result(start + i, tokens=tokens_i, nfe=int(out.nfe), ttft=now - t0,
                             latency=now - t0, queued=0.0))
   return results, time.perf_counter() - t0, t0
 
 
-def run_engine(engine: Engine, requests):
+def run_engine(engine: Engine, requests, method: str):
   engine.reset_metrics()
-  ids = [engine.submit(p, max_new_tokens=m, seed=s) for p, m, s in requests]
+  tag = (lambda t: dict(task=t)) if method == "adaptive" else (lambda t: {})
+  ids = [engine.submit(p, max_new_tokens=m, seed=s, options=tag(t))
+         for p, m, s, t in requests]
   engine.run_until_idle()
   results = [engine.pop_result(i) for i in ids]
   return results, engine.metrics(results)
@@ -112,10 +138,10 @@ def run(config, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   cfg, params = build_model(config)
   requests = workload(config, cfg)
-  lengths = [m for _, m, _ in requests]
+  lengths = [r[1] for r in requests]
   cells = []
   for method in config.methods:
-    opts = method_options(config, method)
+    opts = method_options(config, method, params, cfg)
     for c in config.concurrency:
       engine = Engine(params, cfg, methods=method, options=opts, slots=c,
                       max_prompt_len=config.max_prompt_len,
@@ -126,7 +152,7 @@ def run(config, workdir: str) -> dict:
       static, wall, t0 = run_static(params, cfg, method, opts, requests, c,
                                     config.max_prompt_len)
       static_m = metrics.summarize(static, first_arrival=t0, last_finish=t0 + wall)
-      served, engine_m = run_engine(engine, requests)
+      served, engine_m = run_engine(engine, requests, method)
       equal = [r.tokens for r in static] == [r.tokens for r in served]
       answers = [len(r.tokens) for r in served]
       cells.append(dict(method=method, concurrency=c, static=static_m.as_dict(),
