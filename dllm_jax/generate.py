@@ -139,8 +139,8 @@ def check_args(args) -> dict[str, int] | None:
     raise UsageError(f"--method {args.method} drafts with a second model: pass "
                      "--drafter_model DIR (a checkpoint sharing the target's tokenizer).")
   if args.drafter_model is not None and args.method not in DRAFTER_METHODS:
-    raise UsageError(f"--drafter_model applies to --method speculative or adaptive, not "
-                     f"{args.method}.")
+    raise UsageError(f"--drafter_model applies to --method {' or '.join(DRAFTER_METHODS)}, "
+                     f"not {args.method}.")
   return _mesh_shape(args.mesh)
 
 

@@ -292,7 +292,7 @@ def _target(tparams, tcfg, k, chunk, out_from, tcache):
   return logits, tcache
 
 
-def _round(state: AdaptiveState, mode, drafts, conf, logits, tcache, dcache, t_keep, knobs,
+def _round(state: AdaptiveState, mode, drafts, conf, logits, tcache, dcache, t_keep,
            *, tcfg, opts, ran_target, ran_drafter, first: bool) -> AdaptiveState:
   """Commits one round: the row's mode picks the draft (PARALLEL) or the target's verdict
   (VERIFY, AR); updates caches, counts, records and the next mode."""
@@ -322,7 +322,8 @@ def _round(state: AdaptiveState, mode, drafts, conf, logits, tcache, dcache, t_k
   drafted = state.drafted + n_drafts
   accepted = state.accepted + a_v
   streak = jnp.where(verifying, jnp.where(a == k, state.streak + 1, 0), state.streak)
-  new_mode = jnp.where(live, next_mode(mode, state.forced, drafted, accepted, streak, knobs),
+  new_mode = jnp.where(live, next_mode(mode, state.forced, drafted, accepted, streak,
+                                       state.knobs),
                        mode)
   c = jnp.mean(conf, -1)
   s = state.step
@@ -395,7 +396,7 @@ def _init(tparams, dparams, prompt, valid, forced, rng, knobs, *, tcfg, dcfg,
       target_forwards=jnp.zeros((), jnp.int32), drafter_forwards=jnp.zeros((), jnp.int32),
       rng=rng, knobs=knobs)
   return _round(state, mode, drafts, conf, logits, tcache, dcache, jnp.full((b,), p, jnp.int32),
-                knobs, tcfg=tcfg, opts=opts, ran_target=ran_target, ran_drafter=ran_drafter,
+                tcfg=tcfg, opts=opts, ran_target=ran_target, ran_drafter=ran_drafter,
                 first=True)
 
 
@@ -404,7 +405,7 @@ def drafter_capacity(p: int, opts) -> int:
   return max(p + opts.gen_length, 2 * opts.draft_length + 1)
 
 
-def _step(tparams, dparams, knobs, state: AdaptiveState, *, tcfg, dcfg,
+def _step(tparams, dparams, state: AdaptiveState, *, tcfg, dcfg,
           opts: AdaptiveOptions, only_ar: bool = False) -> AdaptiveState:
   """One round. `only_ar` (static): every live row decodes AR, so the round is the target's
   one-slot forward with no conditional around it (the same computation as the general round
@@ -422,7 +423,7 @@ def _step(tparams, dparams, knobs, state: AdaptiveState, *, tcfg, dcfg,
     drafts, conf, dcache = _no_draft(b, k, state.dcache)
     t0 = state.tcache.length
     logits, tcache = _target(tparams, tcfg, k, narrow, 0, state.tcache)
-    return _round(state, mode, drafts, conf, logits, tcache, dcache, t0, knobs, tcfg=tcfg,
+    return _round(state, mode, drafts, conf, logits, tcache, dcache, t0, tcfg=tcfg,
                   opts=opts, ran_target=jnp.any(targeted), ran_drafter=jnp.zeros((), bool),
                   first=False)
 
@@ -453,7 +454,7 @@ def _step(tparams, dparams, knobs, state: AdaptiveState, *, tcfg, dcfg,
       lambda c: (jnp.zeros((b, k + 1, tcfg.vocab_size), jnp.float32), c),
       lambda c: _target(tparams, tcfg, k, narrow, 0, c),
       lambda c: _target(tparams, tcfg, k, chunk, 0, c)], state.tcache)
-  return _round(state, mode, drafts, conf, logits, tcache, dcache, t0, knobs, tcfg=tcfg,
+  return _round(state, mode, drafts, conf, logits, tcache, dcache, t0, tcfg=tcfg,
                 opts=opts, ran_target=branch > 0, ran_drafter=ran_drafter, first=False)
 
 
@@ -501,10 +502,10 @@ def _generate(tparams, dparams, prompt, valid, forced, rng, knobs, *, tcfg, dcfg
   state = _init(tparams, dparams, prompt, valid, forced, rng, knobs, **kw)
   # AR is final: once no live row needs the drafter, the rest is the conditional-free round.
   mixed = lambda s: spec.rounds_left(opts, s) & jnp.any(~s.done & (s.mode != AR))
-  state = jax.lax.while_loop(mixed, functools.partial(_step, tparams, dparams, knobs, **kw),
+  state = jax.lax.while_loop(mixed, functools.partial(_step, tparams, dparams, **kw),
                              state)
   state = jax.lax.while_loop(functools.partial(spec.rounds_left, opts),
-                             functools.partial(_step, tparams, dparams, knobs, **kw,
+                             functools.partial(_step, tparams, dparams, **kw,
                                                only_ar=True), state)
   return output(tcfg, opts, state)
 
@@ -543,10 +544,7 @@ def check(cfg: ModelConfig, tokens, valid, run: AdaptiveRun) -> None:
   opts, dcfg = run.opts, run.drafter_cfg
   base.check_prompts(cfg, tokens, valid, opts.gen_length, needs_mask=False)
   base.check_prompts(dcfg, tokens, valid, opts.gen_length, needs_mask=True)
-  if drafter_capacity(np.shape(tokens)[1], opts) > dcfg.max_seq_len:
-    raise ValueError(f"the drafter forwards 2 * draft_length + 1 = {2 * opts.draft_length + 1} "
-                     f"slots, more than its window max_seq_len={dcfg.max_seq_len}; lower "
-                     "draft_length.")
+  spec.check_drafter_capacity(dcfg, opts, drafter_capacity(np.shape(tokens)[1], opts))
   opts.forced_modes(run.tasks, np.shape(tokens)[0])
 
 
@@ -565,8 +563,8 @@ def jit_init_state(params, cfg: ModelConfig, run: AdaptiveRun, tokens, valid, rn
 
 def jit_step(params, cfg: ModelConfig, run: AdaptiveRun, state: AdaptiveState):
   """One jitted round (the forwards its rows' modes need), the state donated."""
-  static, knobs = run.opts.split()
-  return _jit_step(params, run.drafter_params, knobs, state, tcfg=cfg, dcfg=run.drafter_cfg,
+  static, _ = run.opts.split()  # the knobs ride in the state (`jit_init_state`)
+  return _jit_step(params, run.drafter_params, state, tcfg=cfg, dcfg=run.drafter_cfg,
                    opts=static)
 
 

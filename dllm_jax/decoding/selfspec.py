@@ -247,7 +247,13 @@ def check(cfg: ModelConfig, tokens, valid, opts: SelfSpecOptions) -> None:
   """Validates the model and a prompt batch against the options (before compiling)."""
   check_model(cfg)
   base.check_prompts(cfg, tokens, valid, opts.gen_length, needs_mask=True)
-  if _capacity(np.shape(tokens)[1], opts) > cfg.max_seq_len:
+  check_capacity(cfg, np.shape(tokens)[1], opts)
+
+
+def check_capacity(cfg: ModelConfig, prompt_len: int, opts: SelfSpecOptions) -> None:
+  """Raises ValueError unless the cache at this prompt width (`_capacity`: P + G, or the
+  widest forward's 2k + 2 slots) fits the model window."""
+  if _capacity(prompt_len, opts) > cfg.max_seq_len:
     raise ValueError(f"a self-speculative forward carries 2 * draft_length + 2 = "
                      f"{2 * opts.draft_length + 2} slots, more than max_seq_len="
                      f"{cfg.max_seq_len}; lower draft_length.")

@@ -504,7 +504,13 @@ def check(cfg: ModelConfig, tokens, valid, run: SpecRun) -> None:
   opts, dcfg = run.opts, run.drafter_cfg
   base.check_prompts(cfg, tokens, valid, opts.gen_length, needs_mask=False)
   base.check_prompts(dcfg, tokens, valid, opts.gen_length, needs_mask=opts.drafter != "ar")
-  if _drafter_capacity(np.shape(tokens)[1], opts) > dcfg.max_seq_len:
+  check_drafter_capacity(dcfg, opts, _drafter_capacity(np.shape(tokens)[1], opts))
+
+
+def check_drafter_capacity(dcfg: ModelConfig, opts, capacity: int) -> None:
+  """Raises ValueError if the drafter's cache (`capacity` slots at this prompt width: the
+  widest chunk, 2k + 1, where that exceeds P + G) does not fit its window."""
+  if capacity > dcfg.max_seq_len:
     raise ValueError(f"a diffusion drafter forwards 2 * draft_length + 1 = "
                      f"{2 * opts.draft_length + 1} slots, more than its window max_seq_len="
                      f"{dcfg.max_seq_len}; lower draft_length.")

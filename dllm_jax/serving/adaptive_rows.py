@@ -98,7 +98,7 @@ class AdaptiveRows(speculative_rows.DraftedRows):
 
   def step(self, params, cfg, static: AdaptiveStatic, state, mesh=None, rules=None):
     tparams, dparams = params
-    return adaptive._step(tparams, dparams, state.knobs, state, tcfg=cfg,
+    return adaptive._step(tparams, dparams, state, tcfg=cfg,
                           dcfg=static.drafter_cfg, opts=static.opts)
 
   def with_traced(self, state, traced):

@@ -27,9 +27,10 @@ module to the engine:
       the row was live in.
 
 Insertion is generic (`row_axes`, `scatter_rows`): every non-scalar leaf of a state is per
-row on axis 0, except the K/V cache's k and v ([L, B, S, K, Dh]) on axis 1; scalars (loop
-counters, traced knobs) are shared and kept. A decoder whose state breaks that rule overrides
-`row_axes`.
+row on axis 0, except the K/V caches' k and v ([L, B, S, K, Dh]) on axis 1 (the caches are
+the state fields a decoder names in `cache_fields`: `cache`, or speculative's and adaptive's
+`tcache` and `dcache`); scalars (loop counters, traced knobs) are shared and kept. A decoder
+whose state breaks that rule overrides `row_axes`.
 
 Registered (`DECODERS`; `register` adds one, with no change to the engine):
   ar               `ARRows`: prefill admits a row; its cache is position-ordered, so `pad`
@@ -120,6 +121,8 @@ class RowDecoder:
   # Options fixed per lane, given once to the engine (e.g. a second model's params); a
   # request naming one is refused.
   lane_options = ()
+  # State fields that are K/V caches: their k and v ([L, B, S, K, Dh]) are per row on axis 1.
+  cache_fields = ("cache",)
   # Request options that may differ from row to row of a lane (adaptive's `task` tag):
   # `row_input` turns a request's into one int32, and `init` receives the admitted rows'
   # as `row_inputs` [A] (only decoders that declare some).
@@ -149,7 +152,8 @@ class RowDecoder:
       if jnp.ndim(leaf) == 0:
         return None
       keys = [getattr(p, "name", getattr(p, "key", None)) for p in path]
-      return 1 if len(keys) >= 2 and keys[-2] == "cache" and keys[-1] in ("k", "v") else 0
+      return 1 if (len(keys) >= 2 and keys[-2] in self.cache_fields
+                   and keys[-1] in ("k", "v")) else 0
     return jax.tree_util.tree_map_with_path(axis, state)
 
 

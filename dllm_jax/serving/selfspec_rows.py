@@ -50,10 +50,7 @@ class SelfSpecRows(rows.RowDecoder):
   def check_window(self, cfg: ModelConfig, static: selfspec.SelfSpecOptions,
                    prompt_len: int) -> None:
     base.check_window(cfg, prompt_len, static.gen_length)
-    if selfspec._capacity(prompt_len, static) > cfg.max_seq_len:
-      raise ValueError(f"a self-speculative forward carries 2 * draft_length + 2 = "
-                       f"{2 * static.draft_length + 2} slots, more than max_seq_len="
-                       f"{cfg.max_seq_len}; lower draft_length.")
+    selfspec.check_capacity(cfg, prompt_len, static)
 
   def check(self, cfg, tokens, valid, opts: selfspec.SelfSpecOptions):
     selfspec.check(cfg, tokens, valid, opts)

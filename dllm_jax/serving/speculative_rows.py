@@ -70,6 +70,7 @@ class DraftedRows(rows.RowDecoder):
   subclasses say how many slots the drafter's cache needs (`drafter_capacity`)."""
 
   lane_options = ("drafter_params", "drafter_cfg")
+  cache_fields = ("tcache", "dcache")
 
   def drafter_capacity(self, static, prompt_len: int) -> int:
     raise NotImplementedError
@@ -87,10 +88,7 @@ class DraftedRows(rows.RowDecoder):
     opts, dcfg = static.opts, static.drafter_cfg
     base.check_window(cfg, prompt_len, opts.gen_length)
     base.check_window(dcfg, prompt_len, opts.gen_length)
-    if self.drafter_capacity(static, prompt_len) > dcfg.max_seq_len:
-      raise ValueError(f"a diffusion drafter forwards 2 * draft_length + 1 = "
-                       f"{2 * opts.draft_length + 1} slots, more than its window max_seq_len="
-                       f"{dcfg.max_seq_len}; lower draft_length.")
+    spec.check_drafter_capacity(dcfg, opts, self.drafter_capacity(static, prompt_len))
 
   def pad(self, cfg, static, state, prompt_len: int):
     g = static.opts.gen_length
@@ -99,15 +97,6 @@ class DraftedRows(rows.RowDecoder):
         tcache=rows.prepend_cache_slots(state.tcache, extra, prompt_len + g),
         dcache=rows.prepend_cache_slots(state.dcache, extra,
                                         self.drafter_capacity(static, prompt_len)))
-
-  def row_axes(self, state):
-    def axis(path, leaf):
-      if jnp.ndim(leaf) == 0:
-        return None
-      keys = [getattr(p, "name", getattr(p, "key", None)) for p in path]
-      return 1 if keys[-1] in ("k", "v") and keys[-2] in ("tcache", "dcache") else 0
-    return jax.tree_util.tree_map_with_path(axis, state)
-
 
 class SpeculativeRows(DraftedRows):
   """Speculative rows: round 0 (draft + verifying prefill) admits a row; one round a step."""
