@@ -238,6 +238,33 @@ def demo_cache(tmp_path_factory):
     os.environ[demo.CACHE_ENV] = saved
 
 
+@pytest.fixture(scope="session")
+def run_cache(request):
+  """`run_cache(key, build)`: build()'s result, computed once per test run and shared by every
+  xdist worker (a pickle under the run's shared temp directory; a file lock makes the first
+  worker build it while the others wait). For deterministic, expensive setup that several
+  files repeat, e.g. a tiny model trained for a few hundred steps: a loaded result is the
+  pickled one, so the first caller gets exactly what the others load (build it as host
+  numpy arrays)."""
+  import fcntl
+  import pickle
+  root = os.path.join(_machine_lock_dir(request.config), "dllm_jax_run_cache")
+  os.makedirs(root, exist_ok=True)
+
+  def get(key: str, build):
+    path = os.path.join(root, key)
+    with open(path + ".lock", "w") as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      if not os.path.exists(path):
+        with open(path + ".tmp", "wb") as f:
+          pickle.dump(build(), f)
+        os.replace(path + ".tmp", path)
+    with open(path, "rb") as f:
+      return pickle.load(f)
+
+  return get
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _fresh_jax_caches():
   """Drops JAX's compiled programs after each test module.

@@ -17,7 +17,7 @@ from dllm_jax.decoding import adaptive, api, ar, d2f, speculative
 from dllm_jax.models import masks
 from dllm_jax.models.transformer import Transformer
 from test_decoding_speculative import CFG, COUNT_PROMPTS, G, K, PROMPTS, batch_of, \
-    random_params, same_tokens, train
+    counting_model, random_params, same_tokens
 
 INF = float("inf")
 VERIFY = dict(parallel_confidence=INF, ar_confidence=0.0, min_acceptance=0.0, trust_streak=0)
@@ -228,11 +228,11 @@ def test_recorded_modes_follow_the_rule(models):
 
 
 @pytest.mark.slow
-def test_trained_models_verified_rows_earn_trust_and_match_ar():
+def test_trained_models_verified_rows_earn_trust_and_match_ar(run_cache):
   """Trained tiny models (the speculative tests' counting task): verified drafts are
   accepted whole, so rows move to PARALLEL, and the output still equals AR greedy."""
-  target, _ = train("selfspec", 200, 0, block_size=K + 1)
-  drafter, _ = train("block_diffusion", 200, 1, block_size=K + 1, sft=True)
+  target, _ = counting_model(run_cache, "selfspec", 0, block_size=K + 1)
+  drafter, _ = counting_model(run_cache, "block_diffusion", 1, block_size=K + 1, sft=True)
   tokens, valid = batch_of(COUNT_PROMPTS, 7)
   ref = ar.ar_generate(target, CFG, tokens, valid, gen_length=G)
   out, st = run(target, drafter, tokens, valid, **VERIFY)

@@ -150,11 +150,18 @@ def train(name, steps, seed, cfg=CFG, **options):
   return params, float(loss)
 
 
+def counting_model(run_cache, name, seed, **options):
+  """`train(name, 200, seed, **options)` as host arrays, trained once per test run: this file,
+  test_decoding_adaptive and test_serving_selfspec decode the same counting models."""
+  key = "-".join(["counting", name, str(seed)] + [f"{k}={v}" for k, v in sorted(options.items())])
+  return run_cache(key, lambda: jax.device_get(train(name, 200, seed, **options)))
+
+
 @pytest.fixture(scope="module")
-def trained():
+def trained(run_cache):
   """A selfspec-trained target (also an AR model) and a block-diffusion drafter."""
-  target, target_loss = train("selfspec", 200, 0, block_size=K + 1)
-  drafter, _ = train("block_diffusion", 200, 1, block_size=K + 1, sft=True)
+  target, target_loss = counting_model(run_cache, "selfspec", 0, block_size=K + 1)
+  drafter, _ = counting_model(run_cache, "block_diffusion", 1, block_size=K + 1, sft=True)
   return target, drafter, target_loss
 
 

@@ -22,7 +22,7 @@ from dllm_jax.decoding import selfspec
 from dllm_jax.serving import (BadOptionError, Engine, MaskInPromptError, PromptTooLongError,
                               request_keys)
 from dllm_jax.serving import selfspec_rows
-from test_decoding_speculative import train
+from test_decoding_speculative import counting_model
 from test_serving_engine import CFG, G, _alone, _serve, assert_streams_add_up, workload
 
 LANES = {"greedy": dict(draft_length=3), "sampled": dict(draft_length=3, temperature=0.9),
@@ -31,9 +31,10 @@ SHAPE = dict(slots=3, max_steps_per_run=1, prompt_buckets=(8, 16), admit_sizes=(
 
 
 @pytest.fixture(scope="module")
-def params():
-  """A tiny self-speculative network trained on counting rows (200 steps, seconds)."""
-  trained, loss = train("selfspec", 200, 0, block_size=4)
+def params(run_cache):
+  """A tiny self-speculative network trained on counting rows (200 steps, seconds; the
+  speculative tests' target, trained once per test run)."""
+  trained, loss = counting_model(run_cache, "selfspec", 0, block_size=4)
   assert loss < 1.0, f"the tiny network did not train (loss {loss})"
   return trained
 
