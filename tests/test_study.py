@@ -22,6 +22,7 @@ from dllm_jax.models import forward, get_preset, init_params
 from dllm_jax.models.lora import add_lora, has_lora
 from dllm_jax.decoding.base import DecodeOutput
 from dllm_jax.study import accounting, report, runner, study, verdict
+from dllm_jax.study import journal as journal_lib
 from dllm_jax.study import models as models_lib
 from dllm_jax.training.checkpoint import CheckpointError, TrainedModel
 
@@ -204,11 +205,33 @@ def test_micro_study_end_to_end(tmp_path, monkeypatch):
   assert 0 < stored["train_or_load_s"] < stored["total_s"]
   assert stored["machine"]["cpu_model"]
   assert (tmp_path / "study.md").read_text().endswith(report.time_text(stored) + "\n")
-  # Second run loads the cached models instead of training; their records stay the run's
-  # that trained them.
+  # A finished study leaves no decode journal: a rerun times every cell afresh.
+  assert stored["decode_restored_rounds"] == {"1": 0, "2": 0}
+  assert not (tmp_path / study.JOURNAL_DIR).exists()
+  # A second run is killed while decoding: after batch 1's first round (9 cells), one cell into
+  # its second.
+  record, recorded = journal_lib.Journal.record, []
+
+  def record_then_die(self, *args):
+    record(self, *args)
+    recorded.append(args)
+    if len(recorded) == 9 + 1:
+      raise KeyboardInterrupt
+  with pytest.MonkeyPatch.context() as patch, pytest.raises(KeyboardInterrupt):
+    patch.setattr(journal_lib.Journal, "record", record_then_die)
+    study.run(_micro_config(), "study", log=lambda *_: None)
+  assert [p.name for p in (tmp_path / study.JOURNAL_DIR).iterdir()] == ["batch1.jsonl"]
+  # The third run loads the cached models instead of training (their records stay the run's
+  # that trained them) and replays the finished rounds: every count is the first run's.
   logs = []
   again = study.run(_micro_config(), "study", log=logs.append)
   assert any("cached model" in line for line in logs)
+  assert any("batch 1: 1 of 3 rounds restored" in line for line in logs)
+  assert again["decode_restored_rounds"] == {"1": 1, "2": 0}
+  assert not (tmp_path / study.JOURNAL_DIR).exists()
+  counts = ("num_prompts", "num_correct", "response_tokens", "nfe", "loop_steps", "per_task")
+  assert [[r[k] for k in counts] for r in again["results"]] == [
+      [r[k] for k in counts] for r in doc["results"]]
   assert again["training"] == stored["training"]
   assert again["train_or_load_s"] < stored["train_or_load_s"]
   # A cached model trained with another config is refused, never silently reused.

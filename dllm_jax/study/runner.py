@@ -14,6 +14,9 @@ together, timed so that their ratios survive a shared, noisy machine:
      deterministic for a fixed key, so every repeat returns the same tokens; the last ones are
      scored, and tokens, forwards and correct answers are tallied (accounting.py).
 Rows added to fill the last batch are decoded but never counted.
+With a `journal` (journal.py) every finished (round, cell) is written to disk as it ends, and a
+rerun of the same cells, prompts and params replays the complete rounds instead of decoding
+them again: an interrupted hour of decoding resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 
 from dllm_jax.decoding.base import DecodeOutput
 from dllm_jax.study import accounting
+from dllm_jax.study import journal as journal_lib
 
 # (params, tokens[B,P], valid[B,P], rng[, tasks=[B] task names]) -> output
 DecodeFn = Callable[..., DecodeOutput]
@@ -49,8 +53,8 @@ def _batches(n: int, batch_size: int) -> list[tuple[int, int]]:
 
 
 def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, prompt_len: int,
-              seed: int = 0, repeats: int = 1, on_batch: Callable[[], None] | None = None
-              ) -> list[accounting.MethodResult]:
+              seed: int = 0, repeats: int = 1, on_batch: Callable[[], None] | None = None,
+              journal: journal_lib.Journal | None = None) -> list[accounting.MethodResult]:
   """Decodes `examples` with every cell, interleaved batch by batch; one tally per cell.
 
   Args:
@@ -59,7 +63,10 @@ def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, promp
     suite: the TaskSuite that scores responses.
     examples: held-out Examples; prompts are left-padded to `prompt_len`.
     repeats: timed decodes per batch; the fastest counts.
-    on_batch: called after each (cell, batch).
+    on_batch: called after each (cell, batch), restored ones included.
+    journal: records each finished (round, cell); its `restored` rounds (an earlier run of
+      the same cells, prompts, params, seed and repeats: open it with `fingerprint(...)` of
+      this call's arguments) are replayed instead of decoded.
   """
   if not cells:
     return []
@@ -90,19 +97,51 @@ def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, promp
     jax.block_until_ready(call(cell, tok0, val0, rng, tasks0))
     tally.result.compile_s = time.perf_counter() - t0
 
+  restored = {} if journal is None else journal.restored
+  if restored and (max(restored) >= len(_batches(n, batch_size))
+                   or any(len(adds) != len(cells) for adds in restored.values())):
+    raise ValueError(f"the journal at {journal.path} holds rounds these {len(cells)} cells "
+                     f"over {n} prompts do not have: open it with this call's fingerprint.")
+  for i in sorted(restored):
+    for tally, add in zip(tallies, restored[i]):
+      tally.add(**add)
+      if on_batch is not None:
+        on_batch()
   for i, (start, stop) in enumerate(_batches(n, batch_size)):
+    if i in restored:
+      continue
     btok, bval, btasks, real = batch(start, stop)
     key = jax.random.fold_in(rng, i)
-    for cell, tally in zip(cells, tallies):
+    for j, (cell, tally) in enumerate(zip(cells, tallies)):
       walls = []
       for _ in range(repeats):
         t0 = time.perf_counter()
         out = jax.device_get(call(cell, btok, bval, key, btasks))
         walls.append(time.perf_counter() - t0)
       texts = accounting.response_texts(layout.tokenizer, out.tokens, out.lengths)
-      correct = accounting.score(suite, examples[start:stop], texts[:real])
-      tally.add(out.lengths, correct, real, min(walls), int(out.nfe), int(out.steps),
-                [ex.task for ex in examples[start:stop]], wall_median_s=float(np.median(walls)))
+      add = journal_lib.add_arguments(
+          out.lengths, accounting.score(suite, examples[start:stop], texts[:real]), real,
+          min(walls), int(out.nfe), int(out.steps), [ex.task for ex in examples[start:stop]],
+          float(np.median(walls)))
+      tally.add(**add)
+      if journal is not None:
+        journal.record(i, j, add)
       if on_batch is not None:
         on_batch()
   return [t.result for t in tallies]
+
+
+def fingerprint(cells: Sequence[Cell], examples: Sequence, prompt_len: int, seed: int = 0,
+                repeats: int = 1, models: dict | None = None) -> str:
+  """What a journal's rounds depend on (journal.py): the cells and their params' bytes, the
+  prompts and references, the seed and the repeats (run_cells' arguments of those names), and
+  `models` ({name: (params, model config)}): every model a decoder closes over, such as a
+  hybrid's drafter, which a cell's own params do not show."""
+  models = models or {}
+  description = {
+      "cells": [[c.method, c.label, c.setting, c.batch_size, c.task_tags] for c in cells],
+      "examples": [dataclasses.asdict(ex) for ex in examples],
+      "prompt_len": int(prompt_len), "seed": int(seed), "repeats": int(repeats),
+      "models": {name: repr(cfg) for name, (_, cfg) in sorted(models.items())}}
+  return journal_lib.fingerprint(
+      description, [c.params for c in cells] + [models[k][0] for k in sorted(models)])

@@ -13,13 +13,19 @@ speedup split into fewer forwards and cost per forward. AR at batch 1 is also pl
 the weight-streaming bound (roofline.py). The report ends with where the wall time went
 (data and training against decoding), each model's training record (`study.json["training"]`)
 and the CPU it ran on (`machine`: model, family/model, widest vector instruction set).
+
+An interrupted study resumes: the models from their checkpoints, the decoding from
+`<workdir>/decode_journal/` (journal.py), which keeps every finished round until the report is
+written; `study.json["decode_restored_rounds"]` says how many rounds an earlier run timed.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 from tqdm.auto import tqdm
@@ -29,6 +35,7 @@ from dllm_jax.decoding import api as decode_api
 from dllm_jax.study import accounting, models as models_lib, report, roofline, runner
 from dllm_jax.study import calibration as calibration_lib
 from dllm_jax.study import hostclock
+from dllm_jax.study import journal as journal_lib
 # Re-exported: the command line's mode flags (JAX-free, so the script parses them first).
 from dllm_jax.study.modes import MODE_FLAGS, default_workdir, expand_mode_flags  # noqa: F401
 from dllm_jax.study import tradeoff as tradeoff_lib
@@ -54,6 +61,9 @@ SECOND_MODEL = {"speculative": ("drafter_params", "drafter_cfg"),
 # Methods that take one task tag per row (`tasks`): a cell with `task_tags: True` gets each
 # prompt's task name as its tag.
 TASK_TAGGED = ("adaptive",)
+# Under the workdir: the decode's finished rounds, one journal per batch size (journal.py),
+# kept until the report is written so that an interrupted study resumes its decoding.
+JOURNAL_DIR = "decode_journal"
 
 
 def bind_cell(cell: dict, trained: dict, gen_length: int):
@@ -177,10 +187,21 @@ def runner_cell(cell: dict, trained: dict, gen_length: int, batch_size: int) -> 
                      task_tags=bool(cell.get("task_tags")))
 
 
-def decode_all(study_config, workdir, *, log=print):
+class Decoded(NamedTuple):
+  """What decode_all measured, and what it measured it with."""
+  trained: dict            # name -> the trained model (params and config)
+  results: list            # accounting.MethodResult per (cell, batch size)
+  examples: list           # the held-out prompts, in decoding order
+  layout: object           # data_lib.SFTLayout
+  train_s: float           # seconds to train or load the models
+  calibration: dict        # the calibrated cells' records (calibration.py); {} if none
+  restored_rounds: dict    # batch size -> rounds replayed from an interrupted run's journal
+
+
+def decode_all(study_config, workdir, *, log=print) -> Decoded:
   """Trains or loads the models, fits the calibrated cells on the calibration split
-  (calibration.py) and decodes every cell at every batch size; returns (trained models,
-  results, examples, layout, train_or_load seconds, calibration records)."""
+  (calibration.py) and decodes every cell at every batch size, resuming an interrupted
+  decode from its journal (journal_path)."""
   check_config(study_config)
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
@@ -207,14 +228,39 @@ def decode_all(study_config, workdir, *, log=print):
         tolerance=float(study_config.eval.calibration_tolerance),
         seed=int(study_config.eval.seed), repeats=repeats)
     log(calibration_lib.calibration_text(calibration))
+  seed = int(study_config.eval.seed)
+  restored = {}
   for b in batch_sizes:
     bound = [runner_cell(cell, trained, gen_length, b) for cell in cells]
     bar.set_postfix_str(f"batch {b}: {len(bound)} cells, interleaved")
-    results += runner.run_cells(bound, layout=layout, suite=suite, examples=examples,
-                                prompt_len=layout.prompt_len, seed=int(study_config.eval.seed),
-                                repeats=repeats, on_batch=lambda: bar.update(1))
+    fingerprint = runner.fingerprint(
+        bound, examples, layout.prompt_len, seed, repeats,
+        models={name: (m.params, m.model_cfg) for name, m in trained.items()})
+    with journal_lib.Journal(journal_path(workdir, b), fingerprint, len(bound)) as journal:
+      restored[b] = len(journal.restored)
+      if journal.restored:
+        log(f"[study] batch {b}: {len(journal.restored)} of {-(-len(examples) // b)} rounds "
+            f"restored from {journal.path} (timed by the interrupted run); decoding the rest")
+      results += runner.run_cells(bound, layout=layout, suite=suite, examples=examples,
+                                  prompt_len=layout.prompt_len, seed=seed, repeats=repeats,
+                                  on_batch=lambda: bar.update(1), journal=journal)
   bar.close()
-  return trained, results, examples, layout, train_s, calibration
+  return Decoded(trained, results, examples, layout, train_s, calibration, restored)
+
+
+def journal_path(workdir, batch_size: int) -> Path:
+  """Where decode_all records the batch-`batch_size` rounds until the report is written."""
+  return Path(workdir) / JOURNAL_DIR / f"batch{batch_size}.jsonl"
+
+
+def _restored_json(decoded: Decoded) -> dict:
+  """{"<batch size>": rounds replayed from a journal}: 0 everywhere for a decode in one go."""
+  return {str(b): n for b, n in decoded.restored_rounds.items()}
+
+
+def _drop_journals(workdir) -> None:
+  """The report is written: a rerun times every cell afresh instead of replaying them."""
+  shutil.rmtree(Path(workdir) / JOURNAL_DIR, ignore_errors=True)
 
 
 def _clock_figures(clock: hostclock.HostClock) -> dict:
@@ -238,8 +284,9 @@ def run(study_config, workdir, *, log=print) -> dict:
     return run_tradeoff(study_config, workdir, log=log)
   workdir = Path(workdir)
   clock = hostclock.HostClock.start()
-  trained, results, examples, layout, train_s, calibration = decode_all(study_config, workdir,
-                                                                        log=log)
+  decoded = decode_all(study_config, workdir, log=log)
+  trained, results, examples, layout, calibration = (
+      decoded.trained, decoded.results, decoded.examples, decoded.layout, decoded.calibration)
   gen_length = layout.seq_len - layout.prompt_len
 
   machine = accounting.machine_info()
@@ -251,8 +298,9 @@ def run(study_config, workdir, *, log=print) -> dict:
   doc = accounting.results_json(
       results, machine=machine, config=json.loads(study_config.to_json()),
       extra={"verdict": v, "roofline": bound, "gen_length": gen_length, "prompt_len": layout.prompt_len,
-             "num_prompts": len(examples), "train_or_load_s": train_s,
-             "training": training, "calibration": calibration, **_clock_figures(clock)})
+             "num_prompts": len(examples), "train_or_load_s": decoded.train_s,
+             "training": training, "calibration": calibration,
+             "decode_restored_rounds": _restored_json(decoded), **_clock_figures(clock)})
   accounting.validate_json(doc)
   verdict_lib.check_recomputes(doc)
   table = report.markdown_table(results, baseline="ar")
@@ -268,6 +316,7 @@ def run(study_config, workdir, *, log=print) -> dict:
   report.pareto_plot(results, str(workdir / "study_pareto.png"),
                      title=f"{len(examples)} held-out prompts, G={gen_length}",
                      baseline="ar", llada_label=study_config.eval.llada_vanilla_label)
+  _drop_journals(workdir)
   log(text)
   log(f"[study] wrote {workdir / 'study.md'}, study.json, study_pareto.png "
       f"({hostclock.summary_text(doc['host'])}; devices: {jax.devices()[0].device_kind})")
@@ -280,7 +329,8 @@ def run_tradeoff(study_config, workdir, *, log=print) -> dict:
   the cells) and tradeoff.png (the curves); returns the JSON."""
   workdir = Path(workdir)
   clock = hostclock.HostClock.start()
-  _, results, examples, layout, train_s, _ = decode_all(study_config, workdir, log=log)
+  decoded = decode_all(study_config, workdir, log=log)
+  results, examples, layout = decoded.results, decoded.examples, decoded.layout
   machine = accounting.machine_info()
   config = json.loads(study_config.to_json())
   training = {name: models_lib.train_record(workdir, name) for name in study_config.models}
@@ -291,7 +341,8 @@ def run_tradeoff(study_config, workdir, *, log=print) -> dict:
       extra={"training": training, "tradeoff": summary, "verdict": v,
              "gen_length": layout.seq_len - layout.prompt_len,
              "prompt_len": layout.prompt_len, "num_prompts": len(examples),
-             "train_or_load_s": train_s, **_clock_figures(clock)})
+             "train_or_load_s": decoded.train_s,
+             "decode_restored_rounds": _restored_json(decoded), **_clock_figures(clock)})
   accounting.validate_json(doc)
   verdict_lib.check_recomputes(doc)
   tradeoff_lib.check_recomputes(doc)
@@ -302,6 +353,7 @@ def run_tradeoff(study_config, workdir, *, log=print) -> dict:
   tradeoff_lib.plot(summary, str(workdir / "tradeoff.png"),
                     title=f"{len(examples)} held-out prompts, G={doc['gen_length']}, batch "
                           f"{summary['batch_size']}")
+  _drop_journals(workdir)
   log(text)
   log(f"[study] wrote {workdir / 'tradeoff.md'}, tradeoff.json, tradeoff.png "
       f"({hostclock.summary_text(doc['host'])}; devices: {jax.devices()[0].device_kind})")
