@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -207,18 +208,16 @@ def compile_cache(_compile_cache_dir):
 
 
 @pytest.fixture(scope="session")
-def demo_cache(tmp_path_factory):
+def demo_cache(request):
   """$DLLM_JAX_CACHE pointing at a session cache holding the built demo (one build).
 
-  Under pytest-xdist the workers share one cache (next to their base temp directories); a
-  file lock makes the first worker build it while the others wait, instead of each training
-  the demo again.
+  Under pytest-xdist the workers share one cache (the run's shared temp directory); a file
+  lock makes the first worker build it while the others wait, instead of each training the
+  demo again.
   """
   import fcntl
   from dllm_jax import demo
-  base = tmp_path_factory.getbasetemp()
-  if os.environ.get("PYTEST_XDIST_WORKER"):
-    base = base.parent  # shared by every worker of this run
+  base = Path(_machine_lock_dir(request.config))
   root = base / "dllm_jax_cache"
   saved = os.environ.get(demo.CACHE_ENV)
   os.environ[demo.CACHE_ENV] = str(root)
