@@ -313,16 +313,32 @@ def test_bind_cell_refuses_an_uncalibrated_cell():
     study.bind_cell(cell, {"ar": None, "d2f": None}, 8)
 
 
+def answered(tokens, offset: int, nfe: int | None = None, steps: int = 1) -> DecodeOutput:
+  """A fake decoder's output for RowIndexLayout rows: prompt i answered `i + offset`, with
+  `nfe` forwards (default: the batch's first prompt index + 1)."""
+  tok = RowIndexLayout.tokenizer
+  answers = [tok.encode(str(int(r[0]) + offset)) for r in tokens]
+  out = np.zeros((len(answers), max(map(len, answers))), np.int32)
+  for r, a in enumerate(answers):
+    out[r, :len(a)] = a
+  n = np.array([len(a) for a in answers])
+  return DecodeOutput(tokens=out, lengths=n,
+                      nfe=np.array(int(tokens[0, 0]) + 1 if nfe is None else nfe),
+                      steps=np.array(steps), committed=n, done=np.ones(len(answers), bool))
+
+
+class RowIndexLayout:
+  """A layout whose encoded prompt i is a row of i's: a fake decoder can tell which prompt it
+  got (the runner's tests; test_study_journal.py too)."""
+  tokenizer = CharTokenizer(TASK_ALPHABET)
+
+  def encode_prompts(self, prompts, length):
+    rows = np.repeat(np.arange(len(prompts))[:, None], length, 1).astype(np.int32)
+    return {"tokens": rows, "valid": np.ones_like(rows, bool)}
+
+
 def test_run_cells_interleaves_batches_and_keeps_the_fastest_repeat():
-  tok = CharTokenizer(TASK_ALPHABET)
   examples = [Example(f"{i}+1=", str(i + 1), str(i + 1), "arithmetic") for i in range(5)]
-
-  class Layout:  # row i of the encoded prompts is all i: a decoder can tell which prompt it got
-    tokenizer = tok
-
-    def encode_prompts(self, prompts, length):
-      rows = np.repeat(np.arange(len(prompts))[:, None], length, 1).astype(np.int32)
-      return {"tokens": rows, "valid": np.ones_like(rows, bool)}
 
   calls = []
 
@@ -332,20 +348,13 @@ def test_run_cells_interleaves_batches_and_keeps_the_fastest_repeat():
       calls.append((label, first))
       if len(calls) % 2:  # every other call is slow: the fastest repeat must be the one kept
         time.sleep(0.02)
-      answers = [tok.encode(str(int(r[0]) + offset)) for r in tokens]
-      width = max(map(len, answers))
-      out = np.zeros((len(answers), width), np.int32)
-      for r, a in enumerate(answers):
-        out[r, :len(a)] = a
-      return DecodeOutput(tokens=out, lengths=np.array([len(a) for a in answers]),
-                          nfe=np.array(3), steps=np.array(3),
-                          committed=np.array([len(a) for a in answers]),
-                          done=np.ones(len(answers), bool))
+      return answered(tokens, offset, nfe=3, steps=3)
     return decode
 
   cells = [runner.Cell(decoder("good", 1), None, "ar", "good", {}, 2),
            runner.Cell(decoder("bad", 2), None, "d2f", "bad", {}, 2)]
-  good, bad = runner.run_cells(cells, layout=Layout(), suite=TaskSuite.parse("arithmetic:1"),
+  good, bad = runner.run_cells(cells, layout=RowIndexLayout(),
+                               suite=TaskSuite.parse("arithmetic:1"),
                                examples=examples, prompt_len=4, repeats=2)
   compile_calls, timed = calls[:2], calls[2:]
   assert compile_calls == [("good", 0), ("bad", 0)]
@@ -356,10 +365,11 @@ def test_run_cells_interleaves_batches_and_keeps_the_fastest_repeat():
   assert good.wall_s < 0.02 and bad.wall_s < 0.02  # every batch had one fast repeat
   assert good.wall_median_s > 0.02  # ... and one slow one, which the median keeps
   with pytest.raises(ValueError, match="one batch size"):
-    runner.run_cells([cells[0], dataclasses.replace(cells[1], batch_size=4)], layout=Layout(),
+    runner.run_cells([cells[0], dataclasses.replace(cells[1], batch_size=4)],
+                     layout=RowIndexLayout(),
                      suite=None, examples=examples, prompt_len=4)
   with pytest.raises(ValueError, match="repeats"):
-    runner.run_cells(cells, layout=Layout(), suite=None, examples=examples, prompt_len=4,
+    runner.run_cells(cells, layout=RowIndexLayout(), suite=None, examples=examples, prompt_len=4,
                      repeats=0)
 
 
@@ -367,33 +377,20 @@ def test_run_cells_passes_task_tags_and_times_each_task():
   """A task_tags cell gets the task name of every row it decodes (padding rows repeat
   prompts, and their names); at batch 1 each task's tokens, time, forwards and prompts are
   tallied on their own, and the per-task table reads them."""
-  tok = CharTokenizer(TASK_ALPHABET)
   examples = [Example(f"{i}+1=", str(i + 1), str(i + 1), "arithmetic" if i % 2 else "sorting")
               for i in range(5)]
-
-  class Layout:
-    tokenizer = tok
-
-    def encode_prompts(self, prompts, length):
-      rows = np.repeat(np.arange(len(prompts))[:, None], length, 1).astype(np.int32)
-      return {"tokens": rows, "valid": np.ones_like(rows, bool)}
 
   seen = []
 
   def decode(params, tokens, valid, rng, tasks=None):
     seen.append((tokens[:, 0].tolist(), tasks))
-    answers = [tok.encode(str(int(r[0]) + 1)) for r in tokens]
-    out = np.zeros((len(answers), 2), np.int32)
-    for r, a in enumerate(answers):
-      out[r, :len(a)] = a
-    n = np.array([len(a) for a in answers])
-    return DecodeOutput(tokens=out, lengths=n, nfe=np.array(int(tokens[0, 0]) + 1),
-                        steps=np.array(1), committed=n, done=np.ones(len(answers), bool))
+    return answered(tokens, 1)
 
   suite = TaskSuite.parse("arithmetic:1,sorting:1")
   (tagged,) = runner.run_cells([runner.Cell(decode, None, "adaptive", "a", {}, 2,
                                             task_tags=True)],
-                               layout=Layout(), suite=suite, examples=examples, prompt_len=3)
+                               layout=RowIndexLayout(), suite=suite, examples=examples,
+                               prompt_len=3)
   names = [ex.task for ex in examples]
   assert seen[0] == ([0, 1], names[:2])  # the untimed compile call
   assert seen[1:] == [([0, 1], names[:2]), ([2, 3], names[2:4]), ([4, 0], [names[4], names[0]])]
@@ -401,7 +398,8 @@ def test_run_cells_passes_task_tags_and_times_each_task():
   assert list(tagged.per_task_time) == ["sorting"]
   assert [tagged.per_task_time["sorting"][i] for i in (0, 2, 4)] == [1, 5, 1]
   seen.clear()
-  (one,) = runner.run_cells([runner.Cell(decode, None, "ar", "ar", {}, 1)], layout=Layout(),
+  (one,) = runner.run_cells([runner.Cell(decode, None, "ar", "ar", {}, 1)],
+                            layout=RowIndexLayout(),
                             suite=suite, examples=examples, prompt_len=3)
   assert all(tasks is None for _, tasks in seen)  # an untagged cell gets no tags
   timed = one.per_task_time

@@ -6,23 +6,13 @@ import json
 import numpy as np
 import pytest
 
-from dllm_jax.data.tasks import TASK_ALPHABET, Example, TaskSuite
-from dllm_jax.data.tokenizers import CharTokenizer
-from dllm_jax.decoding.base import DecodeOutput
+from dllm_jax.data.tasks import Example, TaskSuite
 from dllm_jax.study import journal as journal_lib
 from dllm_jax.study import runner
+from tests.test_study import RowIndexLayout, answered
 
-TOK = CharTokenizer(TASK_ALPHABET)
 SUITE = TaskSuite.parse("arithmetic:1")
 EXAMPLES = [Example(f"{i}+1=", str(i + 1), str(i + 1), "arithmetic") for i in range(7)]
-
-
-class Layout:  # row i of the encoded prompts is all i: a decoder can tell which prompt it got
-  tokenizer = TOK
-
-  def encode_prompts(self, prompts, length):
-    rows = np.repeat(np.arange(len(prompts))[:, None], length, 1).astype(np.int32)
-    return {"tokens": rows, "valid": np.ones_like(rows, bool)}
 
 
 class Interrupted(Exception):
@@ -35,13 +25,7 @@ def _cells(calls, offsets=(1, 2), params=None):
   def decoder(label, offset):
     def decode(params, tokens, valid, rng):
       calls.append((label, int(tokens[0, 0])))
-      answers = [TOK.encode(str(int(r[0]) + offset)) for r in tokens]
-      out = np.zeros((len(answers), 2), np.int32)
-      for r, a in enumerate(answers):
-        out[r, :len(a)] = a
-      n = np.array([len(a) for a in answers])
-      return DecodeOutput(tokens=out, lengths=n, nfe=np.array(int(tokens[0, 0]) + 1),
-                          steps=np.array(1), committed=n, done=np.ones(len(answers), bool))
+      return answered(tokens, offset)
     return decode
 
   params = {"w": np.arange(4.0)} if params is None else params
@@ -50,8 +34,8 @@ def _cells(calls, offsets=(1, 2), params=None):
 
 
 def _run(cells, journal=None, on_batch=None, **kw):
-  return runner.run_cells(cells, layout=Layout(), suite=SUITE, examples=EXAMPLES, prompt_len=3,
-                          journal=journal, on_batch=on_batch, **kw)
+  return runner.run_cells(cells, layout=RowIndexLayout(), suite=SUITE, examples=EXAMPLES,
+                          prompt_len=3, journal=journal, on_batch=on_batch, **kw)
 
 
 DRAFTER = {"drafter": ({"w": np.ones(3)}, "cfg d=3")}  # a model a hybrid closes over
