@@ -201,6 +201,7 @@ def test_micro_study_end_to_end(tmp_path, monkeypatch):
   assert list(stored["training"]) == models_lib.training_order(config)
   for name, record in stored["training"].items():
     assert record["steps"] == config.models[name].train.steps and record["seconds"] > 0
+    assert record["first_step"] == 0  # trained in one go
     assert record == models_lib.train_record(tmp_path, name)
   assert 0 < stored["train_or_load_s"] < stored["total_s"]
   assert stored["machine"]["cpu_model"]

@@ -95,12 +95,17 @@ def test_time_text_splits_the_wall_time_and_lists_training_records():
   doc = {"machine": {"platform": "cpu", "processor": "x86_64", "cpu_count": 2,
                      **accounting.cpu_identity(CPUINFO_TWO_CORES)},
          "total_s": 1982.4, "train_or_load_s": 1696.2,
-         "training": {"ar": {"seconds": 354.2, "steps": 900, "final": {}}, "old": None}}
+         "training": {"ar": {"seconds": 354.2, "steps": 900, "first_step": 0, "final": {}},
+                      "mdm": {"seconds": 250.0, "steps": 1500, "first_step": 1000, "final": {}},
+                      "old": None}}
   assert report.time_text(doc).splitlines() == [
       "Time: 1982 s in all on AMD EPYC (family/model 23/1, avx2; 2 CPUs): 1696 s building the "
       "data and training or loading the models, 286 s decoding (calibration included).",
       "Training records (a model loaded from the cache shows the run that trained it): ar 900 "
-      "steps in 354 s (2.54 steps/s), old (no record: trained before records were kept)."]
+      "steps in 354 s (2.54 steps/s), mdm 1500 steps, the last 500 (resumed at step 1000) in "
+      "250 s (2.00 steps/s), old (no record: trained before records were kept)."]
+  del doc["training"]["ar"]["first_step"]  # a record written before first_step was kept
+  assert "ar 900 steps in 354 s (2.54 steps/s)" in report.time_text(doc)
   doc["machine"].update(platform="gpu", device_count=1, device_kind="NVIDIA H200",
                         cpu_family_model=None, cpu_simd=None)
   del doc["training"]

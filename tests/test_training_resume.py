@@ -74,8 +74,9 @@ def test_resume_matches_uninterrupted_run(reference, tmp_path):
   assert max(_losses(workdir)) == 5  # step 5 ran and was logged, but never saved
 
   seen = []
-  trainer.train(config, workdir, step_callback=lambda s, m: seen.append(s))
+  final = trainer.train(config, workdir, step_callback=lambda s, m: seen.append(s))
   assert seen == [5, 6]  # continued from the step-4 checkpoint
+  assert (final["start_step"], final["step"]) == (4, 6)
   assert _losses(workdir) == _losses(ref_dir)  # same data, same noise: bit-identical losses
   assert len(metrics_lib.read_metrics(workdir, "train")) == 6  # the log was cut back to 4
 
@@ -225,7 +226,8 @@ def test_refused_or_failed_resume_leaves_config_and_checkpoints(reference, tmp_p
   chex.assert_trees_all_equal(ckpt_lib.load_params(workdir).params,
                               ckpt_lib.load_params(ref_dir).params)
   final = trainer.train(config, workdir)  # the original command: resumes the finished run
-  assert final["step"] == 6 and _checkpoints_and_config(workdir) == before
+  assert final["step"] == final["start_step"] == 6
+  assert _checkpoints_and_config(workdir) == before
 
 
 def test_load_params_names_other_kinds_of_directory(tmp_path):

@@ -72,9 +72,11 @@ def training_order(study_config) -> list[str]:
 
 
 def train_record(workdir, name: str) -> dict | None:
-  """{"seconds", "steps", "final"} of the call that finished training model `name` in this
-  workdir (its wall time, which for a resumed run counts only the resumed part, and its final
-  metrics), or None for a model trained before this was recorded."""
+  """{"seconds", "steps", "first_step", "final"} of the call that finished training model
+  `name` in this workdir: its wall time, which for a resumed run covers only steps
+  first_step..steps (first_step is 0 for a run trained in one go, and absent from records
+  written before it was kept), and its final metrics; None for a model trained before records
+  were kept."""
   path = run_dir(workdir, name) / TRAIN_RECORD
   return json.loads(path.read_text()) if path.exists() else None
 
@@ -210,6 +212,7 @@ def ensure_models(study_config, workdir, *, log: Callable[[str], None] = print) 
       started = time.perf_counter()
       final = trainer.train(cfg, path)
       record = {"seconds": time.perf_counter() - started, "steps": steps,
+                "first_step": int(final.pop("start_step", 0)),
                 "final": {k: float(v) for k, v in final.items()}}
       (path / TRAIN_RECORD).write_text(json.dumps(record, indent=1))
       log(f"[study] {name}: done, " + ", ".join(

@@ -87,6 +87,11 @@ def time_text(doc: dict) -> str:
   for name, record in doc.get("training", {}).items():
     if record is None:
       records.append(f"{name} (no record: trained before records were kept)")
+    elif record.get("first_step"):  # resumed: the seconds cover the finishing call's steps
+      done = record["steps"] - record["first_step"]
+      records.append(f"{name} {record['steps']} steps, the last {done} (resumed at step "
+                     f"{record['first_step']}) in {record['seconds']:.0f} s "
+                     f"({done / record['seconds']:.2f} steps/s)")
     else:
       records.append(f"{name} {record['steps']} steps in {record['seconds']:.0f} s "
                      f"({record['steps'] / record['seconds']:.2f} steps/s)")

@@ -237,7 +237,8 @@ def train(config, workdir: str | os.PathLike, *,
           step_callback: StepCallback | None = None) -> dict[str, float]:
   """Trains (or resumes) the experiment `config` in `workdir`; returns the final metrics.
 
-  Returns {"step": ..., "train/<metric>": mean over the last log window, "eval/<metric>":
+  Returns {"start_step": the step this call began at (the resumed checkpoint's; 0 for a
+  fresh run), "step": ..., "train/<metric>": mean over the last log window, "eval/<metric>":
   the final eval}. `step_callback(step, metrics)` runs after every step once its checkpoint
   (if any) is saved; an exception raised there stops the run like a crash would.
   Trained params load with `checkpoint.load_params(workdir)`.
@@ -266,7 +267,7 @@ def _loop(exp, workdir, ckpt, resume, step_callback) -> dict[str, float]:
   writer = metrics_lib.MetricWriter(workdir, resume_step)
   try:
     step, total = int(jax.device_get(state.step)), int(t.steps)
-    final = {"step": float(step)}
+    final = {"start_step": float(step), "step": float(step)}
     window, window_n, window_seconds = {}, 0, 0.0  # window_seconds: steps only, not eval/save
     bar = tqdm.tqdm(total=total, initial=step, desc=f"train {config.objective.name}",
                     disable=jax.process_index() != 0, dynamic_ncols=True)
