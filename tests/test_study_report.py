@@ -106,6 +106,13 @@ def test_time_text_splits_the_wall_time_and_lists_training_records():
       "250 s (2.00 steps/s), old (no record: trained before records were kept)."]
   del doc["training"]["ar"]["first_step"]  # a record written before first_step was kept
   assert "ar 900 steps in 354 s (2.54 steps/s)" in report.time_text(doc)
+  doc["decode_restored_rounds"] = {"1": 0}  # decoded in one go: nothing said
+  assert "Decoding resumed" not in report.time_text(doc)
+  doc["decode_restored_rounds"] = {"1": 40, "16": 0}
+  assert report.time_text(doc).splitlines()[-1] == (
+      "Decoding resumed: 40 batch-1 rounds were timed by the interrupted run and replayed "
+      "from its journal (each round's cells side by side).")
+  del doc["decode_restored_rounds"]
   doc["machine"].update(platform="gpu", device_count=1, device_kind="NVIDIA H200",
                         cpu_family_model=None, cpu_simd=None)
   del doc["training"]

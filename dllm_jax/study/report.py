@@ -64,8 +64,9 @@ def time_text(doc: dict) -> str:
     Training records (a model loaded from the cache shows the run that trained it): ar 900
     steps in 354 s (2.54 steps/s), mdm 1500 steps in 658 s (2.28 steps/s).
 
-  From study.json's `total_s`, `train_or_load_s`, `machine` and `training` (one
-  models.train_record per model, None for one trained before records were kept). The
+  From study.json's `total_s`, `train_or_load_s`, `machine`, `training` (one
+  models.train_record per model, None for one trained before records were kept) and
+  `decode_restored_rounds` (a last line only when a decode resumed from its journal). The
   README's 15-minute budget is a wall time on 2 cores; this line says which part of it a
   run spent where, and on how fast a CPU (BENCHMARKS.md section 1)."""
   m = doc["machine"]
@@ -98,6 +99,11 @@ def time_text(doc: dict) -> str:
   if records:
     lines.append("Training records (a model loaded from the cache shows the run that trained "
                  "it): " + ", ".join(records) + ".")
+  restored = {b: n for b, n in doc.get("decode_restored_rounds", {}).items() if n}
+  if restored:
+    lines.append("Decoding resumed: " + ", ".join(
+        f"{n} batch-{b} rounds" for b, n in restored.items()) + " were timed by the "
+        "interrupted run and replayed from its journal (each round's cells side by side).")
   return "\n".join(lines)
 
 

@@ -14,9 +14,10 @@ the weight-streaming bound (roofline.py). The report ends with where the wall ti
 (data and training against decoding), each model's training record (`study.json["training"]`)
 and the CPU it ran on (`machine`: model, family/model, widest vector instruction set).
 
-An interrupted study resumes: the models from their checkpoints, the decoding from
-`<workdir>/decode_journal/` (journal.py), which keeps every finished round until the report is
-written; `study.json["decode_restored_rounds"]` says how many rounds an earlier run timed.
+An interrupted study resumes: finished models are loaded, a model cut short resumes from its
+newest checkpoint, and the decoding replays its finished rounds from `<workdir>/decode_journal/`
+(journal.py), kept until the report is written; `study.json["decode_restored_rounds"]` says
+how many rounds an earlier run timed, and the report's last lines say so too.
 """
 
 from __future__ import annotations
