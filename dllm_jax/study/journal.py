@@ -29,9 +29,9 @@ import numpy as np
 
 
 def params_digest(trees: Iterable[object]) -> str:
-  """sha256 of every array leaf's dtype, shape and bytes, over `trees` in order (a leaf
-  shared by several trees, e.g. one model bound to two cells, is read once each time it
-  appears: the digest depends on the trees, not on their sharing)."""
+  """sha256 of every array leaf's dtype, shape and bytes, over `trees` in order. A leaf that
+  several trees share (one model bound to several cells) is hashed once and its digest reused;
+  the result is the same as for unshared copies of the same bytes."""
   h = hashlib.sha256()
   cache: dict[int, bytes] = {}
   for tree in trees:

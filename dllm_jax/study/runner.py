@@ -97,8 +97,9 @@ def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, promp
     jax.block_until_ready(call(cell, tok0, val0, rng, tasks0))
     tally.result.compile_s = time.perf_counter() - t0
 
+  rounds = _batches(n, batch_size)
   restored = {} if journal is None else journal.restored
-  if restored and (max(restored) >= len(_batches(n, batch_size))
+  if restored and (max(restored) >= len(rounds)
                    or any(len(adds) != len(cells) for adds in restored.values())):
     raise ValueError(f"the journal at {journal.path} holds rounds these {len(cells)} cells "
                      f"over {n} prompts do not have: open it with this call's fingerprint.")
@@ -107,7 +108,7 @@ def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, promp
       tally.add(**add)
       if on_batch is not None:
         on_batch()
-  for i, (start, stop) in enumerate(_batches(n, batch_size)):
+  for i, (start, stop) in enumerate(rounds):
     if i in restored:
       continue
     btok, bval, btasks, real = batch(start, stop)
