@@ -135,6 +135,56 @@ def test_vs_llada_claims_flip_at_ten_and_fifty():
   assert c["gen_length"] == 64
 
 
+def answers(n_correct):
+  """The fields of a cell with `n_correct` of the N prompts right (all on the task)."""
+  return {"num_correct": n_correct, "per_task": {TASK: [n_correct, N]}}
+
+
+@pytest.mark.parametrize("llada_correct,status", [
+    (0, "not measurable here"), (2, "not measurable here"), (3, "met")])
+def test_a_baseline_its_tolerance_cannot_tell_from_silence_is_not_judged(llada_correct,
+                                                                          status):
+  """Vanilla LLaDA at 2 of 100: "within 2 points" admits a D2F cell with NO correct answer, so
+  the 33x cell would meet the 10x claim on speed alone. At 3 of 100 a silent cell is 3 points
+  down, and the claim is judged as usual (the 33x cell at 1 of 100 is 2 points down: met)."""
+  rows = scenario(**{LLADA: answers(llada_correct), "d2f good": answers(1),
+                     "d2f fast": answers(0), "fast-dllm": answers(0)})
+  c = claims(rows)
+  for claim in ("d2f_vs_llada_10x", "fast_dllm_vs_llada"):
+    if status == "met":
+      assert c[claim]["deciding_factor"]["name"] != "baseline_accuracy_points", claim
+      continue
+    assert c[claim]["status"] == status, claim
+    assert c[claim]["deciding_factor"] == {"name": "baseline_accuracy_points",
+                                           "value": float(llada_correct)}
+    assert (f"{LLADA} answers {llada_correct} of {N} prompts correctly "
+            f"({llada_correct:.1f}%), so within 2 points admits a decoder that answers none"
+            in c[claim]["reason"])
+  ten = c["d2f_vs_llada_10x"]
+  assert ten["status"] == status
+  if status != "met":  # the fastest cell is still shown, with every cell's figures
+    assert ten["figure"]["label"] == "d2f fast"
+    assert ten["figure"]["speedup"] == pytest.approx(3000 / 1.0 / 30)
+    assert "(2 of 2 cells reach the speed alone)" in ten["reason"]
+  else:  # d2f fast (-3 points) is not within 2
+    assert ten["figure"]["label"] == "d2f good"
+    assert ten["figure"]["speedup"] == pytest.approx(3000 / 3.0 / 30)
+  # The claims against AR (90 of 100) are untouched.
+  assert c["d2f_vs_ar"]["deciding_factor"]["name"] == "accuracy_delta_points"
+
+
+def test_an_exact_claim_against_a_baseline_with_no_correct_answer_is_not_judged():
+  """AR answers nothing: "AR's accuracy exactly" then holds for a hybrid writing anything."""
+  rows = scenario(**{"ar": answers(0), "spec k=8": answers(0)})
+  c = claims(rows)["lossless_hybrid"]
+  assert c["status"] == "not measurable here"
+  assert c["deciding_factor"] == {"name": "baseline_accuracy_points", "value": 0.0}
+  assert "so the same number of correct answers admits a decoder that answers none" in \
+      c["reason"]
+  c = claims(scenario(**{"ar": answers(1), "spec k=8": answers(1)}))["lossless_hybrid"]
+  assert c["status"] == "met"  # one correct answer is something to keep exactly
+
+
 def test_fast_dllm_flips_at_its_anchor():
   # 3000 tokens at 30 tok/s: 27.6x is 828 tok/s, i.e. wall 3000 / 828 s.
   c = claims(scenario(**{"fast-dllm": {"wall_s": 3000 / 828}}))["fast_dllm_vs_llada"]

@@ -38,7 +38,11 @@ Status of a claim:
   not met              none does, and this run could have shown it (or no cell is accurate
                        enough);
   not measurable here  no decoder could show it in this run, with the measured factor that
-                       decides it: the baseline needs too few forwards per prompt at this G
+                       decides it: the baseline is so inaccurate that its tolerance admits a
+                       decoder answering nothing (vanilla LLaDA at 1 of 100 against "within 2
+                       points": the accuracy half of the claim would hold for any decoder, so
+                       a "met" would be speed alone), the baseline needs too few forwards
+                       per prompt at this G
                        (even one forward per prompt would not reach the threshold), the answers
                        are too short for the tokens-per-forward bar, the suite has no task
                        where D2F alone fails (adaptive switching), off a CPU the D2F pipeline's
@@ -276,6 +280,19 @@ def _accurate(claim: Claim, c: dict, base: MethodResult) -> bool:
   return delta is not None and delta >= -claim.tolerance_points
 
 
+def _vacuous_accuracy(claim: Claim, base: MethodResult, task: str | None) -> float | None:
+  """The baseline's accuracy in points where the claim's accuracy bar would pass a decoder
+  with no correct answer (exact: the baseline has none; else at most `tolerance_points`),
+  else None."""
+  correct, total = _counts(base, task)
+  if not total:
+    return None
+  points = 100.0 * correct / total
+  if (correct == 0) if claim.exact else (100 * correct <= claim.tolerance_points * total):
+    return points
+  return None
+
+
 def _meets(claim: Claim, c: dict) -> bool:
   if not _fast_enough(claim, c["speedup"]):
     return False
@@ -339,6 +356,17 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
                                                _delta(c), speed(c)))
   fig = entry["figure"]
   met = [c for c in accurate if _meets(claim, c)]
+
+  vacuous = _vacuous_accuracy(claim, base, accuracy_task)
+  if vacuous is not None:
+    correct, total = _counts(base, accuracy_task)
+    bar = ("the same number of correct answers" if claim.exact
+           else f"within {claim.tolerance_points:g} points")
+    return done(NOT_MEASURABLE, f"{base_label} answers {correct} of {total} prompts "
+                f"correctly ({vacuous:.1f}%), so {bar} admits a decoder that answers none: the "
+                f"accuracy half of the claim holds for every {claim.method} cell and cannot be "
+                f"judged on these models ({len(met)} of {len(rows)} cells reach the speed "
+                "alone)", "baseline_accuracy_points", vacuous)
 
   if claim.premise_d2f_loss_points is not None:  # adaptive switching needs D2F to fail
     if not d2f:
