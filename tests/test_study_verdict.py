@@ -165,7 +165,7 @@ def test_a_baseline_its_tolerance_cannot_tell_from_silence_is_not_judged(llada_c
   if status != "met":  # the fastest cell is still shown, with every cell's figures
     assert ten["figure"]["label"] == "d2f fast"
     assert ten["figure"]["speedup"] == pytest.approx(3000 / 1.0 / 30)
-    assert "(2 of 2 cells reach the speed alone)" in ten["reason"]
+    assert "(2 of 2 d2f cells reach the speed alone)" in ten["reason"]
   else:  # d2f fast (-3 points) is not within 2
     assert ten["figure"]["label"] == "d2f good"
     assert ten["figure"]["speedup"] == pytest.approx(3000 / 3.0 / 30)
@@ -181,6 +181,7 @@ def test_an_exact_claim_against_a_baseline_with_no_correct_answer_is_not_judged(
   assert c["deciding_factor"] == {"name": "baseline_accuracy_points", "value": 0.0}
   assert "so the same number of correct answers admits a decoder that answers none" in \
       c["reason"]
+  assert "(1 of 1 speculative cells reach the speed alone)" in c["reason"]
   c = claims(scenario(**{"ar": answers(1), "spec k=8": answers(1)}))["lossless_hybrid"]
   assert c["status"] == "met"  # one correct answer is something to keep exactly
 

@@ -362,11 +362,13 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
     correct, total = _counts(base, accuracy_task)
     bar = ("the same number of correct answers" if claim.exact
            else f"within {claim.tolerance_points:g} points")
+    fast = sum(_meets(claim, c) for c in rows)
     return done(NOT_MEASURABLE, f"{base_label} answers {correct} of {total} prompts "
                 f"correctly ({vacuous:.1f}%), so {bar} admits a decoder that answers none: the "
-                f"accuracy half of the claim holds for every {claim.method} cell and cannot be "
-                f"judged on these models ({len(met)} of {len(rows)} cells reach the speed "
-                "alone)", "baseline_accuracy_points", vacuous)
+                "accuracy half of the claim cannot tell a decoder that keeps the baseline's "
+                f"quality from one that has none on these models ({fast} of {len(rows)} "
+                f"{claim.method} cells reach the speed alone)", "baseline_accuracy_points",
+                vacuous)
 
   if claim.premise_d2f_loss_points is not None:  # adaptive switching needs D2F to fail
     if not d2f:
