@@ -14,7 +14,8 @@ held-out prompts with every decoder, and write a table, a JSON file and a Pareto
 runs/study_<mode> (the trade-off mode shares runs/study_short: it loads the short mode's
 models); rerunning reuses the trained models cached there (as orbax checkpoints) and the TFDS
 data files under <workdir>/data. The printed and stored verdict (dllm_jax/study/verdict.py)
-names every claim.
+names every claim. Compiled programs are cached under <workdir>/xla_cache
+(dllm_jax/study/compile_cache.py), so a rerun loads them instead of compiling again.
 """
 
 import sys
@@ -40,10 +41,12 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   # pylint: disable=import-outside-toplevel  (JAX loads after the flags: _config_args)
-  from dllm_jax.study import study
+  from dllm_jax.study import compile_cache, study
   from dllm_jax.training.checkpoint import CheckpointError
+  workdir = _WORKDIR.value or modes.default_workdir(_CONFIG.value)
+  compile_cache.enable(workdir)  # before the first compile: JAX fixes the directory then
   try:
-    study.run(_CONFIG.value, _WORKDIR.value or modes.default_workdir(_CONFIG.value))
+    study.run(_CONFIG.value, workdir)
   except (CheckpointError, study.StudyConfigError) as e:  # what is wrong, and the fix
     sys.exit(f"experiments/study.py: {e}")
 

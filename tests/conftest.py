@@ -105,8 +105,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def no_compile_cache():
-  """Turns the persistent compilation cache off for one test (a load from it is not a
-  backend compile, so a test counting compiles would miss a recompile served from disk)."""
+  """Turns the persistent compilation cache off for one test that counts compiles, so that
+  each counted event is a compile. (In jax 0.10 the backend-compile event wraps the cache
+  lookup, so a load from disk is counted too; JAX's own cache_hits/cache_misses events tell
+  the two apart, see test_study_compile_cache.py.)"""
   import jax
   saved = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
