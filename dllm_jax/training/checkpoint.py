@@ -262,13 +262,6 @@ def check_is_run(workdir: epath.Path) -> None:
       "the workdir that `train` was given.")
 
 
-class TrainedModel(NamedTuple):
-  """What `load_params` returns: params, their `ModelConfig` and the run's full config."""
-  params: Any
-  model_cfg: ModelConfig
-  config: ml_collections.ConfigDict
-
-
 def load_params(path: str | os.PathLike, step: int | None = None, *, mesh: Mesh | None = None,
                 rules=None, shardings: Any = None) -> TrainedModel:
   """Trained params of a run, for decoding or as an init.
