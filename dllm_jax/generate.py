@@ -32,7 +32,7 @@ import json
 import sys
 import time
 
-from dllm_jax.decoding.method_names import DRAFTER_METHODS, METHOD_NAMES
+from dllm_jax.decoding import registry
 from dllm_jax.parallel.axes import MESH_AXES
 
 # JAX, flax and the decoders load after the flags are parsed and checked (in `run`), so
@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--merge_lora", action="store_true", help="merge the adapter into the weights")
   p.add_argument("--step", type=int, help="checkpoint step of a training workdir (default: "
                  "the latest)")
-  p.add_argument("--method", default="d2f", help=f"one of {sorted(METHOD_NAMES)}")
+  p.add_argument("--method", default=registry.DEFAULT_METHOD,
+                 help=f"one of {sorted(registry.names())}")
   p.add_argument("--drafter_model",
                  help="the drafter checkpoint (any --model kind) of a method that drafts with "
                       "a second model (speculative, adaptive); speculative's drafter kind is "
@@ -132,14 +133,15 @@ def _mesh_shape(text: str | None) -> dict[str, int] | None:
 def check_args(args) -> dict[str, int] | None:
   """The mistakes the flags alone show, found before JAX loads (each a UsageError); returns
   the --mesh shape."""
-  if args.method not in METHOD_NAMES:
+  drafter_methods = registry.drafter_methods()
+  if args.method not in registry.names():
     raise UsageError(f"--method {args.method!r} is unknown; use one of "
-                     f"{sorted(METHOD_NAMES)}.")
-  if args.method in DRAFTER_METHODS and args.drafter_model is None:
+                     f"{sorted(registry.names())}.")
+  if args.method in drafter_methods and args.drafter_model is None:
     raise UsageError(f"--method {args.method} drafts with a second model: pass "
                      "--drafter_model DIR (a checkpoint sharing the target's tokenizer).")
-  if args.drafter_model is not None and args.method not in DRAFTER_METHODS:
-    raise UsageError(f"--drafter_model applies to --method {' or '.join(DRAFTER_METHODS)}, "
+  if args.drafter_model is not None and args.method not in drafter_methods:
+    raise UsageError(f"--drafter_model applies to --method {' or '.join(drafter_methods)}, "
                      f"not {args.method}.")
   return _mesh_shape(args.mesh)
 

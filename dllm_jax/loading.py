@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dllm_jax.decoding import api as decode_api
+from dllm_jax.decoding import registry
 
 KINDS = ("hf", "converted", "workdir")
 _DESCRIPTIONS = {
@@ -95,7 +96,7 @@ def load_model(path, method: str, *, kind: str = "auto", dtype: str | None = Non
                adapter=None, merge_lora: bool = False, step: int | None = None,
                mesh=None) -> LoadedModel:
   """Loads `path` ("demo" or a directory) for decoding with `method` (see the module doc)."""
-  decode_api.resolve(method)  # an unknown method fails before any loading
+  registry.check(method)  # an unknown method fails before any loading
   if kind not in ("auto", "demo", *KINDS):
     raise ValueError(f"kind={kind!r} is unknown; use 'auto', 'demo' or one of {KINDS}.")
   if str(path) == "demo" or kind == "demo":
@@ -134,12 +135,8 @@ def run_defaults(config, gen_length: int | None) -> dict:
   """{method: options} for a run: its canvas, its block size and its own decode options."""
   block = config.data.block_size or gen_length
   base = {} if gen_length is None else {"gen_length": int(gen_length)}
-  defaults = {m: dict(base) for m in decode_api.METHODS}
-  if block:
-    defaults["fast_dllm"]["block_length"] = int(block)
-    defaults["d2f"]["block_length"] = int(block)
-    defaults["block_diffusion"].update({"block_length": int(block),
-                                        "steps_per_block": int(block)})
+  defaults = {m: dict(base, **(registry.get(m).run_defaults(int(block)) if block else {}))
+              for m in registry.names()}
   own = config.decode.method
   if own in defaults:
     names = decode_api.option_names(own)

@@ -39,7 +39,7 @@ import jax
 import numpy as np
 
 from dllm_jax import decoding
-from dllm_jax.decoding import base
+from dllm_jax.decoding import base, registry
 from dllm_jax.models.config import ModelConfig
 
 # --- tokenizers: the HF kind (checkpoints.Tokenizer) and the data kind (char / byte / file) ---
@@ -128,7 +128,7 @@ class Sampler:
     params: the model parameters.
     cfg: their ModelConfig.
     tokenizer: a `checkpoints.Tokenizer` (HF files) or a `data.tokenizers` tokenizer.
-    method: a `decoding.METHODS` name.
+    method: a `decoding.registry` name.
     options: the method's options (gen_length, block_length, threshold, ...), checked here.
     prompt_len: prompts are left padded to at least this many tokens (a training run's
       fixed prompt region), or None.
@@ -142,7 +142,8 @@ class Sampler:
   prompt_len: int | None
   mesh: Any
 
-  def __init__(self, params, cfg: ModelConfig, tokenizer, method: str = "d2f", *,
+  def __init__(self, params, cfg: ModelConfig, tokenizer,
+               method: str = registry.DEFAULT_METHOD, *,
                prompt_len: int | None = None, mesh=None, **options):
     decoding.api.check_options(method, options)  # also rejects an unknown method
     if takes_drafter(method) and (options.get("drafter_params") is None
@@ -165,7 +166,7 @@ class Sampler:
     return Sampler(**fields, **{**options, **changes})
 
   @classmethod
-  def load(cls, path, method: str = "d2f", *, kind: str = "auto", dtype: str | None = None,
+  def load(cls, path, method: str = registry.DEFAULT_METHOD, *, kind: str = "auto", dtype: str | None = None,
            adapter=None, merge_lora: bool = False, step: int | None = None, mesh=None,
            drafter_model=None, **options) -> "Sampler":
     """A sampler for a checkpoint directory or "demo" (see the module docstring).
@@ -186,7 +187,7 @@ class Sampler:
     """
     from dllm_jax import loading  # the file formats; kept apart from the sampling logic
     if drafter_model is not None and not takes_drafter(method):
-      drafted = [m for m in decoding.METHODS if takes_drafter(m)]
+      drafted = registry.drafter_methods()
       raise ValueError(f"drafter_model applies to methods that draft with a second model "
                        f"({', '.join(drafted)}), not {method!r}.")
     model = loading.load_model(path, method, kind=kind, dtype=dtype, adapter=adapter,
@@ -295,7 +296,7 @@ class Sampler:
 
 def takes_drafter(method: str) -> bool:
   """Whether `method` drafts with a second model (it takes drafter_params / drafter_cfg)."""
-  return "drafter_params" in decoding.api.option_names(method)
+  return registry.check(method) in registry.drafter_methods()
 
 
 def load_drafter(path, method: str, options: Mapping, *, dtype: str | None = None,

@@ -60,30 +60,32 @@ def test_bad_prompts(prompts):
 
 
 def test_d2f_dispatch_passes_prompts_options_and_mesh(monkeypatch):
-  """D2F lives in another module: check what `generate` hands it (no compile needed)."""
-  from dllm_jax.decoding import d2f
+  """What `generate` hands D2F's decoder (no compile needed): the left-padded prompts, the
+  static spec, the traced thresholds and, on a mesh, the mesh."""
+  from dllm_jax.decoding import d2f, protocol
   calls = []
 
-  @functools.wraps(d2f.d2f_generate)  # keeps the signature the options are checked against
-  def recorder(params, cfg, tokens, valid, rng, **kw):
-    calls.append((np.asarray(tokens), np.asarray(valid), kw))
+  def recorder(params, tokens, valid, rng, traced, row_inputs=None, *, decoder, **kw):
+    calls.append((np.asarray(tokens), np.asarray(valid), decoder, traced))
     b = tokens.shape[0]
     return base.DecodeOutput(tokens=np.zeros((b, 4), np.int32), lengths=np.zeros(b, np.int32),
                              nfe=np.int32(1), steps=np.int32(1),
                              committed=np.zeros(b, np.int32), done=np.ones(b, bool))
 
-  monkeypatch.setattr(d2f, "d2f_generate", recorder)
+  monkeypatch.setattr(protocol, "run", recorder)
   cfg = get_preset("tiny")
   out = api.generate(None, cfg, [[5, 6, 7], [8]], method="d2f", gen_length=8, block_length=4,
                      tau_conf=0.8, pad_to=None, batch_buckets=None)
-  tokens, valid, kw = calls[-1]
+  tokens, valid, decoder, traced = calls[-1]
   np.testing.assert_array_equal(tokens, [[5, 6, 7], [0, 0, 8]])
   np.testing.assert_array_equal(valid, [[1, 1, 1], [0, 0, 1]])
-  assert kw == {"gen_length": 8, "block_length": 4, "tau_conf": 0.8}
+  assert isinstance(decoder, d2f.D2FDecoder) and decoder.mesh is None
+  assert (decoder.opts.gen_length, decoder.opts.block_size) == (8, 4)
+  np.testing.assert_allclose(np.asarray(traced.tau_conf), 0.8)
   mesh = mesh_lib.make_mesh({"data": 1})
   out = api.generate(None, cfg, [[5, 6, 7], [8]], method="d2f", mesh=mesh, gen_length=8,
                      block_length=4)
-  assert calls[-1][2]["mesh"] is mesh and out.tokens.shape == (2, 4)
+  assert calls[-1][2].mesh is mesh and out.tokens.shape == (2, 4)
 
 
 def test_llada_stream_replays_the_fused_loop(model):

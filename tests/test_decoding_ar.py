@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dllm_jax.decoding import protocol
 from dllm_jax.decoding import ar, base
 from dllm_jax.models import forward, get_preset
 from test_decoding_llada import random_params
@@ -69,10 +70,11 @@ def test_while_loop_equals_python_loop(model, batch):
   cfg, params = model
   opts = ar.AROptions(**SAMPLED)
   rng = jax.random.key(7)
-  state = ar.jit_init_state(params, cfg, opts, *batch, rng)
+  plan = ar.ARDecoder.from_options(cfg, opts)
+  state = protocol.jit_init(params, *batch, rng, plan.traced, decoder=plan.decoder)
   steps = 0
   while bool(ar.running(opts, state)):
-    state = ar.jit_step(params, cfg, opts, state)
+    state = protocol.jit_step(params, state, decoder=plan.decoder)
     steps += 1
   looped = ar.finish(cfg, opts, state)
   fused = ar.ar_generate(params, cfg, *batch, rng=rng, **SAMPLED)

@@ -4,18 +4,18 @@ import jax
 import numpy as np
 import pytest
 
-from dllm_jax.decoding import api, ar, buckets, d2f, fast_dllm, llada
+from dllm_jax.decoding import api, buckets, protocol
 from dllm_jax.models import get_preset
 from dllm_jax.study import dp_bench
 
 CFG = get_preset("tiny")
 RUNS = {
-    "ar": (dict(gen_length=8, temperature=1.0), ar._generate),
-    "llada": (dict(gen_length=8, block_length=4, steps=4), llada._generate),
-    "dream": (dict(gen_length=8, block_length=4, steps=4), llada._generate),
-    "fast_dllm": (dict(gen_length=8, block_length=4, cache="dual"), fast_dllm._generate),
-    "d2f": (dict(gen_length=8, block_length=4, temperature=1.0), d2f.decode),
-    "block_diffusion": (dict(gen_length=8, block_length=4), d2f.decode),
+    "ar": (dict(gen_length=8, temperature=1.0), protocol.run),
+    "llada": (dict(gen_length=8, block_length=4, steps=4), protocol.run),
+    "dream": (dict(gen_length=8, block_length=4, steps=4), protocol.run),
+    "fast_dllm": (dict(gen_length=8, block_length=4, cache="dual"), protocol.run),
+    "d2f": (dict(gen_length=8, block_length=4, temperature=1.0), protocol.run),
+    "block_diffusion": (dict(gen_length=8, block_length=4), protocol.run),
 }
 
 

@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 from dllm_jax import decoding
-from dllm_jax.decoding import api, ar, base, d2f, fast_dllm, llada, streaming
+from dllm_jax.decoding import (api, ar, base, d2f, fast_dllm, llada, protocol, registry,
+                               streaming)
 from dllm_jax.models import get_preset, init_params
+from dllm_jax.models.transformer import abstract_params
 from dllm_jax.parallel import mesh as mesh_lib
 from test_decoding_llada import PROMPTS, random_params
 
@@ -37,7 +39,7 @@ RUNS = {
 }
 HYBRIDS = ("speculative", "selfspec", "adaptive")
 DRAFTED = ("speculative", "adaptive")  # the methods that take drafter_params / drafter_cfg
-CORE = [m for m in api.METHODS if m not in HYBRIDS]
+CORE = [m for m in registry.names() if m not in HYBRIDS]
 FIELDS = ("tokens", "lengths", "nfe", "steps", "committed", "done", "finite")
 
 
@@ -91,14 +93,14 @@ def test_stream_replays_generate_for_every_method(model, drafter, method):
     assert e.new.any(), (method, e.step)
   # A hybrid's event is a round (drafter forwards + one verifying forward): steps, not nfe.
   assert len(events) == int(fused.steps if method in HYBRIDS else fused.nfe)
-  first = 0 if streaming._STREAMERS[method].init_forwards else 1  # the init committed tokens
+  first = 0 if registry.get(method).init_forwards else 1  # the init committed tokens
   assert [e.step for e in events] == list(range(first, first + len(events)))
   if method == "adaptive":
     np.testing.assert_array_equal(fused.modes, [0, 1, 2])  # parallel, verify, AR
 
 
 def test_stream_lists_every_method():
-  assert set(streaming._STREAMERS) == set(api.METHODS) == set(RUNS)
+  assert set(registry.names()) == set(RUNS)
 
 
 # ----------------------------------------------------------------------------- vocabulary
@@ -106,7 +108,7 @@ def test_stream_lists_every_method():
 def test_every_block_method_calls_it_block_length():
   """Every method shares gen_length, temperature and on_nonfinite; the block methods call
   their block block_length (a hybrid's block is its draft: draft_length)."""
-  for method in api.METHODS:
+  for method in registry.names():
     names = api.option_names(method)
     assert "gen_length" in names and "temperature" in names and "on_nonfinite" in names
     assert "block_size" not in names
@@ -121,7 +123,7 @@ def test_old_block_size_spelling_says_use_block_length(method):
   with pytest.raises(ValueError, match="block_size.*block_length"):
     next(streaming.stream(None, get_preset("tiny"), [[5, 6]], method=method, block_size=4))
   if method in ("d2f", "block_diffusion"):
-    fn = api.resolve(method)
+    fn = d2f.d2f_generate if method == "d2f" else d2f.block_diffusion_generate
     with pytest.raises(ValueError, match="block_size.*pass block_length"):
       fn(None, get_preset("tiny"), *base.pad_prompts([[5, 6]], 0), gen_length=8, block_size=4)
 
@@ -147,9 +149,9 @@ def test_block_length_defaults_to_32_capped_at_gen_length():
   assert llada.LLaDAOptions(gen_length=16).block_length == 16
   assert fast_dllm.FastDLLMOptions(gen_length=16).block_length == 16
   cfg = get_preset("tiny")
-  assert d2f.d2f_options(cfg, gen_length=64).spec.block_size == 32
-  opts = d2f.block_diffusion_options(cfg, gen_length=16)
-  assert opts.spec.block_size == 16 and opts.spec.steps_per_block == 16
+  assert d2f.make_spec(cfg, gen_length=64)[0].block_size == 32
+  spec, _ = d2f.block_diffusion_options(cfg, gen_length=16)
+  assert spec.block_size == 16 and spec.steps_per_block == 16
 
 
 # ----------------------------------------------------------------------------- NaN options
@@ -209,9 +211,9 @@ SWEEPS = {  # method -> (fixed options, {traced option: >= 3 values})
     "block_diffusion": (dict(gen_length=8, block_length=4),
                         {"temperature": [0.5, 1.3, 3.0]}),
 }
-_JITTED = {"ar": (ar, "_generate"), "llada": (llada, "_generate"),
-           "dream": (llada, "_generate"), "fast_dllm": (fast_dllm, "_generate"),
-           "d2f": (d2f, "decode"), "block_diffusion": (d2f, "decode")}
+# Every method runs as `protocol.run`, one jitted program per decoder.
+_JITTED = {m: (protocol, "run") for m in
+           ("ar", "llada", "dream", "fast_dllm", "d2f", "block_diffusion")}
 
 
 @pytest.mark.parametrize("name", list(SWEEPS))
@@ -357,7 +359,7 @@ def test_a_row_alone_equals_the_row_in_a_batch_of_four(init_model, name):
   """On the near-uniform init model, confidences nearly tie; ranking on a grid with
   lowest-slot ties gives a row the same tokens alone and in a batch."""
   cfg, params = init_model
-  method = name if name in api.METHODS else name.rsplit("_", 1)[0]
+  method = name if name in registry.names() else name.rsplit("_", 1)[0]
   many = np.asarray(api.generate(params, cfg, FOUR, method=method, **INVARIANCE[name]).tokens)
   for i, prompt in enumerate(FOUR):
     one = api.generate(params, cfg, [prompt], method=method, **INVARIANCE[name])
@@ -393,8 +395,9 @@ def test_rank_scores_break_near_ties_by_slot():
 def test_params_already_on_the_mesh_are_not_copied(model, monkeypatch):
   cfg, params = model
   mesh = mesh_lib.make_mesh({"data": 1})
-  placed = base.place_params(params, cfg, mesh, mesh_lib.DEFAULT_RULES)
-  again = base.place_params(placed, cfg, mesh, mesh_lib.DEFAULT_RULES)
+  abstract = lambda: abstract_params(cfg)
+  placed = mesh_lib.place_params(params, abstract, mesh, mesh_lib.DEFAULT_RULES)
+  again = mesh_lib.place_params(placed, abstract, mesh, mesh_lib.DEFAULT_RULES)
   for a, b in zip(jax.tree_util.tree_leaves(placed), jax.tree_util.tree_leaves(again)):
     assert a is b
   seen = []

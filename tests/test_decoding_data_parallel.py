@@ -66,9 +66,11 @@ cfg, prompts = uneven["ar"]
 # 3 rows to the data-parallel size; params already sharded on the mesh are used there.
 mixed = mesh_lib.make_mesh({"data": 4, "tensor": 2})
 calls = []
-real = data_parallel.decode
-data_parallel.decode = lambda *a, **k: calls.append(k["mesh"]) or real(*a, **k)
-placed = data_parallel.place_params(params, cfg, mixed, mesh_lib.DEFAULT_RULES)
+real = data_parallel.run_plan
+data_parallel.run_plan = lambda *a, **k: calls.append(k["mesh"]) or real(*a, **k)
+from dllm_jax.models import abstract_params
+placed = mesh_lib.place_params(params, lambda: abstract_params(cfg), mixed,
+                               mesh_lib.DEFAULT_RULES, replicate_data=True)
 kw = dict(gen_length=8, temperature=1.0, top_p=0.9)
 rng = jax.random.key(1)
 one = api.generate(params, cfg, prompts[:3], method="ar", rng=rng, **kw)

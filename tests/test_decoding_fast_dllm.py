@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dllm_jax.decoding import protocol
 from dllm_jax.decoding import base, fast_dllm
 from dllm_jax.models import get_preset, masks
 from test_decoding_llada import PROMPTS, random_params, reference
@@ -143,7 +144,7 @@ def test_steps_match_numpy_reference(model, batch, cache, rule, value, shift):
       cand = in_block[r] & (canvas[r] == cfg.mask_token_id) & live[r]
       pick = np_rule(conf[r], cand, rule, value)
       expect[r, pick] = x0[r, pick]
-    state = fast_dllm.jit_step(params, cfg, opts, state)
+    state = protocol.jit_step(params, state, decoder=fast_dllm.FastDLLMDecoder.from_options(cfg, opts).decoder)
     nfe += 1
     forwards += live
     np.testing.assert_array_equal(np.asarray(state.canvas), expect)

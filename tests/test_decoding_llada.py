@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dllm_jax.decoding import protocol
 from dllm_jax.decoding import base, llada
 from dllm_jax.models import abstract_params, forward, get_preset
 
@@ -184,7 +185,7 @@ def test_random_orders_follow_schedule_and_argmax(model, batch):
       before = np.asarray(state.canvas)
       logits = np.array(_FORWARD(params, cfg, state.canvas, state.valid))
       logits[..., cfg.mask_token_id] = -np.inf
-      state = llada.jit_step(params, cfg, opts, state)
+      state = protocol.jit_step(params, state, decoder=llada.LLaDADecoder.from_options(cfg, opts).decoder)
       after = np.asarray(state.canvas)
       changed = after != before
       start = p + (i // 3) * 8

@@ -67,8 +67,10 @@ cfg = get_preset("tiny").replace(eos_token_id=None)
 params = nn.unbox(init_params(cfg, jax.random.key(0)))
 mesh = mesh_lib.make_mesh({"data": 2, "tensor": 4})
 rules = mesh_lib.DEFAULT_RULES
-sharded = base.place_params(params, cfg, mesh, rules)
-assert base.place_params(sharded, cfg, mesh, rules) is sharded
+from dllm_jax.models import abstract_params
+abstract = lambda: abstract_params(cfg)
+sharded = mesh_lib.place_params(params, abstract, mesh, rules)
+assert mesh_lib.place_params(sharded, abstract, mesh, rules) is sharded
 four = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [20, 21, 22, 23]]
 runs = {
     "ar": dict(gen_length=12),

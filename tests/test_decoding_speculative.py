@@ -15,7 +15,7 @@ import optax
 import pytest
 from scipy import stats
 
-from dllm_jax.decoding import ar, selfspec, speculative
+from dllm_jax.decoding import ar, protocol, selfspec, speculative
 from dllm_jax.decoding.base import pad_prompts
 from dllm_jax.diffusion.objectives import make_objective
 from dllm_jax.models import abstract_params, forward, get_preset
@@ -201,12 +201,12 @@ def test_selfspec_drafter_drafts_in_its_training_layout(random_models, monkeypat
     return drafts, conf, cache
 
   monkeypatch.setattr(speculative, "diffusion_draft", spy)
-  speculative._generate.clear_cache()  # trace the spy, and leave no program holding it
+  protocol.run.clear_cache()  # trace the spy, and leave no program holding it
   try:
     tokens, valid = batch_of(PROMPTS)
     out, _ = spec(target, stranger, "selfspec", tokens, valid)
   finally:
-    speculative._generate.clear_cache()
+    protocol.run.clear_cache()
   ref = ar.ar_generate(target, CFG, tokens, valid, gen_length=G)
   same_tokens(out, ref)
   width = max(map(len, PROMPTS)) + G

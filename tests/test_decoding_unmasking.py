@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+from dllm_jax.decoding import protocol
 from dllm_jax.decoding import api, base, d2f, llada, streaming, unmasking
 from test_decoding_d2f import CFG as BD_CFG, full_forward, peaked_params
 from test_decoding_llada import _FORWARD, G, PROMPTS, batch, model, np_confidence  # noqa: F401
@@ -71,11 +72,11 @@ def test_llada_cosine_commits_the_schedule(model, batch):
   cfg, params = model
   opts = llada.LLaDAOptions(gen_length=G, block_length=8, steps=6, unmasking="cosine")
   expect = np.tile(np_counts("cosine", 8, 3), 2)                         # [2, 2, 4] per block
-  state = llada.jit_init_state(params, cfg, opts, *batch, jax.random.key(0))
+  state = _jit_init(params, cfg, opts, batch, jax.random.key(0))
   p = batch[0].shape[1]
   for i in range(opts.steps):
     before = np.asarray(state.canvas)
-    state = llada.jit_step(params, cfg, opts, state)
+    state = protocol.jit_step(params, state, decoder=llada.LLaDADecoder.from_options(cfg, opts).decoder)
     changed = np.asarray(state.canvas) != before
     block = p + (i // 3) * 8
     assert not changed[:, :block].any() and not changed[:, block + 8:].any()
@@ -124,7 +125,7 @@ def test_llada_entropy_bound_matches_numpy(model, batch, remasking, kind, bounds
   for bound in bounds:
     opts = llada.LLaDAOptions(gen_length=G, block_length=8, remasking=remasking,
                               unmasking="entropy_bound", entropy_bound=bound)
-    state = llada.jit_init_state(params, cfg, opts, *batch, jax.random.key(0))
+    state = _jit_init(params, cfg, opts, batch, jax.random.key(0))
     margins, sizes = [], []
     steps = 0
     while bool(llada.running(opts, state)):
@@ -145,7 +146,7 @@ def test_llada_entropy_bound_matches_numpy(model, batch, remasking, kind, bounds
         chosen = np_bounded_prefix(order, ent[r], bound, margins)
         sizes.append((len(chosen), len(slots)))
         expect[r, p + chosen] = x0[r, chosen]
-      state = llada.jit_step(params, cfg, opts, state)
+      state = protocol.jit_step(params, state, decoder=llada.LLaDADecoder.from_options(cfg, opts).decoder)
       steps += 1
       np.testing.assert_array_equal(np.asarray(state.canvas), expect,
                                     err_msg=f"bound {bound}, step {steps}")
@@ -220,3 +221,8 @@ def test_bad_values_raise_before_compiling(method, options, match):
                  **options)
   with pytest.raises(ValueError, match="commits by threshold"):
     d2f.make_spec(BD_CFG, gen_length=G, block_length=K, unmasking="cosine")
+
+
+def _jit_init(params, cfg, opts, batch, rng):
+  plan = llada.LLaDADecoder.from_options(cfg, opts)
+  return protocol.jit_init(params, *batch, rng, plan.traced, decoder=plan.decoder)

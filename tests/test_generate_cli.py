@@ -173,10 +173,12 @@ def test_debug_shows_the_traceback(tmp_path):
 
 
 def test_method_names_are_the_decoders():
-  """The CLI checks --method against `method_names` before JAX loads: they must be api's."""
-  from dllm_jax.sampler import takes_drafter
-  assert decoding.METHOD_NAMES == tuple(decoding.METHODS)
-  assert set(decoding.DRAFTER_METHODS) == {m for m in decoding.METHODS if takes_drafter(m)}
+  """The CLI checks --method against the registry before JAX loads: the registry's drafter
+  flags must be what its decoder classes say."""
+  from dllm_jax.decoding import registry
+  assert set(registry.drafter_methods()) == {
+      m for m in registry.names() if registry.get(m).uses_drafter}
+  assert all("drafter_params" in decoding.option_names(m) for m in registry.drafter_methods())
 
 
 @pytest.mark.parametrize("flags, expected", [

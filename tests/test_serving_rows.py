@@ -82,7 +82,7 @@ def test_keyed_noise_matches_per_key_draws():
 def test_fast_dllm_pad_equals_init_at_the_largest_bucket(params, cache):
   """Rows built at a small prompt bucket and padded to P are the rows built at P, leaf by
   leaf (canvas, cache slots in canvas order, cursors, keys); the per-row axis rule holds."""
-  decoder = rows.decoder_for("fast_dllm")
+  decoder = rows.for_method("fast_dllm")
   static, traced = decoder.split(decoder.make_options(
       CFG, dict(gen_length=12, block_length=4, cache=cache)))
   keys = request_keys(SEEDS)

@@ -1,8 +1,7 @@
 """Decoders for autoregressive and masked-diffusion LMs behind one `generate` entry point.
 
-  generate(params, cfg, prompts, method="ar" | "llada" | "dream" | "fast_dllm" | "d2f" |
-           "block_diffusion" | "speculative" | "selfspec" | "adaptive", rng=None, mesh=None,
-           **options) -> DecodeOutput
+  generate(params, cfg, prompts, method=<a registry name; default "d2f">, rng=None,
+           mesh=None, **options) -> DecodeOutput
   stream(params, cfg, prompts, method=..., rng=None, **options) -> Iterator[StreamEvent]
 
 Option vocabulary (one name and one default per concept; `api.option_names(method)`):
@@ -77,11 +76,12 @@ from __future__ import annotations
 from dllm_jax import _lazy
 
 # The package loads its modules on first use (PEP 562): `adaptive_rule`, which a config file
-# reads, and `method_names`, which the command line reads, import no JAX. Every module is also
+# reads, and `registry`, which the command line reads, import no JAX. Every module is also
 # an attribute (`decoding.api`, `decoding.sampling`).
 _EXPORTS = {
-    "METHODS": "api", "generate": "api", "option_names": "api",
-    "DRAFTER_METHODS": "method_names", "METHOD_NAMES": "method_names",
+    "generate": "api", "option_names": "api",
+    "Decoder": "protocol", "Plan": "protocol",
+    "DEFAULT_METHOD": "registry", "register": "registry",
     "AROptions": "ar", "ar_generate": "ar",
     "DecodeOutput": "base", "NonFiniteLogitsError": "base", "pad_prompts": "base",
     "block_diffusion_generate": "d2f", "d2f_generate": "d2f",

@@ -75,7 +75,7 @@ import numpy as np
 
 from dllm_jax.decoding import adaptive_rule
 from dllm_jax.decoding import ar as ar_lib
-from dllm_jax.decoding import base
+from dllm_jax.decoding import base, protocol
 from dllm_jax.decoding import speculative as spec
 from dllm_jax.decoding.drafters import diffusion_draft, unshifted
 from dllm_jax.models import kv_cache as kvc
@@ -301,7 +301,8 @@ def _round(state: AdaptiveState, mode, drafts, conf, logits, tcache, dcache, t_k
   live = ~state.done
   verifying = live & (mode == VERIFY)
   n_drafts = jnp.where(verifying, k, 0)
-  keys = spec.round_keys(state.rng, state.step, state.rounds, 1)
+  keys = spec.round_keys(state.rng, state.step, state.rounds, 1,
+                         state.knobs.get("row_offset", 0))
   choice, a = spec.verify(logits, drafts, n_drafts, keys, temperature=opts.temperature,
                           top_k=opts.top_k, top_p=opts.top_p, forbid_ids=(tcfg.mask_token_id,))
   parallel = mode == PARALLEL
@@ -471,15 +472,13 @@ def output(cfg: ModelConfig, opts: AdaptiveOptions, state: AdaptiveState):
   return out, stats
 
 
-@functools.partial(jax.jit, static_argnames=("tcfg", "opts"))
 def _plain_ar(tparams, tokens, valid, rng, *, tcfg: ModelConfig, opts: AdaptiveOptions):
   """(AdaptiveOutput, AdaptiveStats) of a greedy batch whose every row is tagged AR, decoded
-  by `ar_generate`'s program: the same tokens, forwards (one per round) and rounds as the
-  adaptive loop; the records are those the loop writes for AR rows. One program, so the
-  records cost no eager dispatches."""
+  by AR's own loop: the same tokens, forwards (one per round) and rounds as the adaptive
+  loop; the records are those the loop writes for AR rows."""
   static, knobs = ar_lib.AROptions(gen_length=opts.gen_length,
                                    early_stop=opts.early_stop).split()
-  out = ar_lib._generate(tparams, tokens, valid, rng, knobs, cfg=tcfg, opts=static)  # pylint: disable=protected-access
+  out = ar_lib.ARDecoder(tcfg, static).decode(tparams, tokens, valid, rng, knobs)
   b, g = out.tokens.shape
   live = jnp.arange(g)[None, :] < out.committed[:, None]
   round_modes = jnp.where(live, AR, NO_ROUND).astype(jnp.int32)
@@ -496,89 +495,83 @@ def _plain_ar(tparams, tokens, valid, rng, *, tcfg: ModelConfig, opts: AdaptiveO
   return adaptive_out, stats
 
 
-@functools.partial(jax.jit, static_argnames=("tcfg", "dcfg", "opts"))
-def _generate(tparams, dparams, prompt, valid, forced, rng, knobs, *, tcfg, dcfg, opts):
-  kw = dict(tcfg=tcfg, dcfg=dcfg, opts=opts)
-  state = _init(tparams, dparams, prompt, valid, forced, rng, knobs, **kw)
-  # AR is final: once no live row needs the drafter, the rest is the conditional-free round.
-  mixed = lambda s: spec.rounds_left(opts, s) & jnp.any(~s.done & (s.mode != AR))
-  state = jax.lax.while_loop(mixed, functools.partial(_step, tparams, dparams, **kw),
-                             state)
-  state = jax.lax.while_loop(functools.partial(spec.rounds_left, opts),
-                             functools.partial(_step, tparams, dparams, **kw,
-                                               only_ar=True), state)
-  return output(tcfg, opts, state)
+# ----------------------------------------------------------------------------- the decoder
 
+@dataclasses.dataclass(frozen=True)
+class AdaptiveDecoder(protocol.Decoder):
+  """Per row and round: the drafter's block committed in parallel, verified by the AR
+  target, or plain AR. `opts` is the static `AdaptiveOptions` (thresholds traced, task map
+  resolved by `plan` into per-row forced modes, the `row_inputs`). `plain_ar`: greedy with
+  every row tagged AR, which `decode` runs as AR's own loop."""
+  drafter_cfg: ModelConfig = None
+  plain_ar: bool = False
 
-# ----------------------------------------------------------------------------- step interface
+  init_forwards = True
+  uses_drafter = True
+  row_options = ("tasks",)
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class AdaptiveRun:
-  """A checked adaptive decode for the step interface (`decoding.streaming`): the options,
-  the rows' task tags and the drafter (its params ride here, next to the target's)."""
-  opts: AdaptiveOptions
-  tasks: Sequence | None
-  drafter_params: object
-  drafter_cfg: ModelConfig
+  @classmethod
+  def option_names(cls) -> tuple[str, ...]:
+    return ("drafter_params", "drafter_cfg", "tasks") + tuple(
+        f.name for f in dataclasses.fields(AdaptiveOptions))
+
+  @classmethod
+  def plan(cls, cfg: ModelConfig, *, drafter_params=None, drafter_cfg=None, tasks=None,
+           **options) -> protocol.Plan:
+    opts = base.make_options(AdaptiveOptions, options)
+    spec.check_drafter(cfg, drafter_params, drafter_cfg, "adaptive")
+    forced = None if tasks is None else opts.forced_modes(
+        tasks, len(tasks) if isinstance(tasks, Sequence) and not isinstance(tasks, str) else -1)
+    static, knobs = opts.split()
+    plain = static.temperature == 0.0 and forced is not None and bool(np.all(forced == AR))
+    return protocol.Plan(cls(cfg, static, drafter_cfg, plain), knobs, drafter_params, forced)
+
+  def check(self, tokens, valid) -> None:
+    dcfg = self.drafter_cfg
+    base.check_prompts(self.cfg, tokens, valid, self.gen_length, needs_mask=False)
+    base.check_prompts(dcfg, tokens, valid, self.gen_length, needs_mask=True)
+    spec.check_drafter_capacity(dcfg, self.opts,
+                                drafter_capacity(np.shape(tokens)[1], self.opts))
 
   @property
-  def gen_length(self) -> int:
-    return self.opts.gen_length
+  def _kw(self) -> dict:
+    return dict(tcfg=self.cfg, dcfg=self.drafter_cfg, opts=self.opts)
 
+  def init(self, params, tokens, valid, rng, traced, row_inputs=None):
+    forced = jnp.full((tokens.shape[0],), -1, jnp.int32) if row_inputs is None else row_inputs
+    return _init(*params, tokens, valid, forced, rng, traced, **self._kw)
 
-def run_options(target_cfg: ModelConfig, *, drafter_params=None,
-                drafter_cfg: ModelConfig | None = None, tasks=None, **options) -> AdaptiveRun:
-  """`adaptive_generate`'s options (the fields of `AdaptiveOptions`), task tags and drafter,
-  checked (ValueError / VocabMismatchError naming the fix)."""
-  opts = base.make_options(AdaptiveOptions, options)
-  if drafter_params is None or drafter_cfg is None:
-    raise ValueError("adaptive decoding needs a diffusion drafter: pass drafter_params and "
-                     "drafter_cfg (a D2F student or block-diffusion model sharing the "
-                     "target's tokenizer; Sampler.load(..., drafter_model=<dir>) loads one).")
-  spec.check_pair(target_cfg, drafter_cfg)
-  return AdaptiveRun(opts, tasks, drafter_params, drafter_cfg)
+  def step(self, params, state):
+    return _step(*params, state, **self._kw)
 
+  def loop(self, params, state):
+    # AR is final: once no live row needs the drafter, the rest is the drafter-free round.
+    mixed = lambda s: self.running(s) & jnp.any(~s.done & (s.mode != AR))
+    state = jax.lax.while_loop(mixed, functools.partial(self.step, params), state)
+    return jax.lax.while_loop(self.running, functools.partial(
+        _step, *params, **self._kw, only_ar=True), state)
 
-def check(cfg: ModelConfig, tokens, valid, run: AdaptiveRun) -> None:
-  """Validates a prompt batch (and its task tags) against both models (before compiling)."""
-  opts, dcfg = run.opts, run.drafter_cfg
-  base.check_prompts(cfg, tokens, valid, opts.gen_length, needs_mask=False)
-  base.check_prompts(dcfg, tokens, valid, opts.gen_length, needs_mask=True)
-  spec.check_drafter_capacity(dcfg, opts, drafter_capacity(np.shape(tokens)[1], opts))
-  opts.forced_modes(run.tasks, np.shape(tokens)[0])
+  def decode(self, params, tokens, valid, rng, traced, row_inputs=None, with_stats=False):
+    if not self.plain_ar:
+      return super().decode(params, tokens, valid, rng, traced, row_inputs, with_stats)
+    out, stats = _plain_ar(params[0], tokens, valid, rng, tcfg=self.cfg, opts=self.opts)
+    return (out, stats) if with_stats else out
 
+  def running(self, state):
+    return spec.rounds_left(self.opts, state)
 
-_jit_init = jax.jit(_init, static_argnames=("tcfg", "dcfg", "opts"))
-_jit_step = jax.jit(_step, static_argnames=("tcfg", "dcfg", "opts"), donate_argnames=("state",))
+  def view(self, state):
+    return state.response, jnp.arange(self.gen_length)[None, :] < state.n[:, None]
 
+  def output(self, state):
+    return output(self.cfg, self.opts, state)[0]
 
-def jit_init_state(params, cfg: ModelConfig, run: AdaptiveRun, tokens, valid, rng):
-  """The state after round 0 (the drafter's first block, modes, the verifying prefill)."""
-  tokens, valid = base.prompt_inputs(tokens, valid)
-  static, knobs = run.opts.split()
-  forced = run.opts.forced_modes(run.tasks, np.shape(tokens)[0])
-  return _jit_init(params, run.drafter_params, tokens, valid, forced, rng, knobs, tcfg=cfg,
-                   dcfg=run.drafter_cfg, opts=static)
+  def stats(self, state):
+    return output(self.cfg, self.opts, state)[1]
 
-
-def jit_step(params, cfg: ModelConfig, run: AdaptiveRun, state: AdaptiveState):
-  """One jitted round (the forwards its rows' modes need), the state donated."""
-  static, _ = run.opts.split()  # the knobs ride in the state (`jit_init_state`)
-  return _jit_step(params, run.drafter_params, state, tcfg=cfg, dcfg=run.drafter_cfg,
-                   opts=static)
-
-
-def running(run: AdaptiveRun, state: AdaptiveState) -> Array:
-  return spec.rounds_left(run.opts, state)
-
-
-def response_view(cfg: ModelConfig, run: AdaptiveRun, state: AdaptiveState):
-  """([B, G] response, [B, G] bool decided: the committed prefix of each row)."""
-  return state.response, jnp.arange(run.gen_length)[None, :] < state.n[:, None]
-
-
-def finish(cfg: ModelConfig, run: AdaptiveRun, state: AdaptiveState) -> AdaptiveOutput:
-  return output(cfg, run.opts, state)[0]
+  def abstract_params(self):
+    from dllm_jax.models.transformer import abstract_params  # pylint: disable=import-outside-toplevel
+    return abstract_params(self.cfg), abstract_params(self.drafter_cfg)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -613,22 +606,11 @@ def adaptive_generate(target_params, target_cfg: ModelConfig, prompt_tokens, pro
     AdaptiveOutput (a DecodeOutput with `modes` [B] and `round_modes` [B, G]; nfe = target +
     drafter forwards; steps = rounds), and the AdaptiveStats when return_stats.
   """
-  base.check_on_nonfinite(on_nonfinite)
-  run = run_options(
-      target_cfg, drafter_params=drafter_params, drafter_cfg=drafter_cfg, tasks=tasks,
-      gen_length=gen_length, draft_length=draft_length, draft_steps=draft_steps,
-      parallel_confidence=parallel_confidence, ar_confidence=ar_confidence,
-      min_acceptance=min_acceptance, trust_streak=trust_streak, task_modes=task_modes,
-      temperature=temperature, top_k=top_k, top_p=top_p, early_stop=early_stop)
-  check(target_cfg, prompt_tokens, prompt_valid, run)
-  forced = run.opts.forced_modes(tasks, np.shape(prompt_tokens)[0])
-  static, knobs = run.opts.split()
-  rng = jax.random.key(0) if rng is None else rng
-  tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
-  if static.temperature == 0.0 and np.all(forced == AR):
-    out, stats = _plain_ar(target_params, tokens, valid, rng, tcfg=target_cfg, opts=static)
-  else:
-    out, stats = _generate(target_params, drafter_params, tokens, valid, forced, rng, knobs,
-                           tcfg=target_cfg, dcfg=drafter_cfg, opts=static)
-  out = base.raise_if_nonfinite(out, on_nonfinite)
-  return (out, stats) if return_stats else out
+  return protocol.decode_batch(
+      AdaptiveDecoder, target_params, target_cfg, prompt_tokens, prompt_valid, rng,
+      on_nonfinite=on_nonfinite, with_stats=return_stats, drafter_params=drafter_params,
+      drafter_cfg=drafter_cfg, tasks=tasks, gen_length=gen_length, draft_length=draft_length,
+      draft_steps=draft_steps, parallel_confidence=parallel_confidence,
+      ar_confidence=ar_confidence, min_acceptance=min_acceptance, trust_streak=trust_streak,
+      task_modes=task_modes, temperature=temperature, top_k=top_k, top_p=top_p,
+      early_stop=early_stop)

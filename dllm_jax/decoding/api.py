@@ -34,98 +34,17 @@ prompts and gets the whole output.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib
-import inspect
 from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
 import numpy as np
 
-from dllm_jax.decoding import ar, base, buckets, fast_dllm, llada
+from dllm_jax.decoding import base, buckets, protocol, registry
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.parallel import mesh as mesh_lib
 
-
-@dataclasses.dataclass(frozen=True)
-class Method:
-  """Where a decoder lives: module, function name and (if any) its options dataclass."""
-  module: str
-  function: str
-  options: type | None = None
-
-
-METHODS: dict[str, Method] = {
-    "ar": Method("dllm_jax.decoding.ar", "ar_generate", ar.AROptions),
-    "llada": Method("dllm_jax.decoding.llada", "llada_generate", llada.LLaDAOptions),
-    "dream": Method("dllm_jax.decoding.llada", "dream_generate", llada.LLaDAOptions),
-    "fast_dllm": Method("dllm_jax.decoding.fast_dllm", "fast_dllm_generate",
-                        fast_dllm.FastDLLMOptions),
-    # Imported when first used, so this module works before/without them.
-    "d2f": Method("dllm_jax.decoding.d2f", "d2f_generate"),
-    "block_diffusion": Method("dllm_jax.decoding.d2f", "block_diffusion_generate"),
-    # Hybrids: a drafter (AR, D2F or block diffusion) verified by an AR target, and one
-    # network that verifies causally and drafts by diffusion in the same forward.
-    "speculative": Method("dllm_jax.decoding.speculative", "speculative_generate"),
-    "selfspec": Method("dllm_jax.decoding.selfspec", "selfspec_generate"),
-    # Per row and round: parallel D2F commits, verified drafts or plain AR (a rule on the
-    # drafter's confidence, the acceptance so far and an optional task tag).
-    "adaptive": Method("dllm_jax.decoding.adaptive", "adaptive_generate"),
-}
-
-
-def resolve(method: str):
-  """Returns the decoder function of `method` (importing its module on first use)."""
-  if method not in METHODS:
-    raise ValueError(f"Unknown decoding method {method!r}; use one of {sorted(METHODS)}.")
-  entry = METHODS[method]
-  try:
-    module = importlib.import_module(entry.module)
-  except ModuleNotFoundError as e:
-    if e.name != entry.module:
-      raise
-    raise ValueError(f"method {method!r} needs {entry.module}, which is not installed in this "
-                     "checkout.") from None
-  return getattr(module, entry.function)
-
-
-@functools.lru_cache(maxsize=None)
-def _option_names(method: str) -> tuple[str, ...]:
-  entry = METHODS[method]
-  if entry.options is not None:
-    return tuple(f.name for f in dataclasses.fields(entry.options)) + ("on_nonfinite",)
-  params = inspect.signature(resolve(method)).parameters.values()
-  return tuple(p.name for p in params
-               if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _NOT_OPTIONS)
-
-
-def option_names(method: str) -> list[str]:
-  """The options `method` accepts (its dataclass fields or keyword-only parameters, plus
-  on_nonfinite)."""
-  if method not in METHODS:
-    resolve(method)  # raises the unknown-method error
-  return list(_option_names(method))
-
-
-# Keywords `generate` owns itself (placement), that would change its return type, or that
-# only exist to reject an old spelling.
-_NOT_OPTIONS = ("mesh", "rules", "return_state", "return_stats", "block_size")
-# Old option names -> the shared name (rejected with a message naming the new one).
-RENAMED = {"block_size": "block_length"}
-
-
-def check_options(method: str, options: dict) -> None:
-  """Raises ValueError naming unknown options and listing the valid ones."""
-  valid = option_names(method)
-  for old, new in RENAMED.items():
-    if old in options and new in valid:
-      raise ValueError(f"option {old}={options[old]!r}: the option is called {new} (the same "
-                       f"name in every decoding method); pass {new} instead.")
-  unknown = sorted(set(options) - set(valid))
-  if unknown:
-    raise ValueError(f"Unknown option(s) {unknown} for method {method!r}; valid options: "
-                     f"{sorted(valid)}.")
+option_names, check_options, plan = protocol.option_names, protocol.check_options, protocol.plan
 
 
 def as_prompt_batch(cfg: ModelConfig, prompts):
@@ -145,17 +64,17 @@ def as_prompt_batch(cfg: ModelConfig, prompts):
                    "valid [B, P]) pair; use dllm_jax.decoding.pad_prompts for the latter.")
 
 
-def generate(params, cfg: ModelConfig, prompts, *, method: str = "llada", rng=None, mesh=None,
-             rules=None, data_parallel: str | None = None, pad_to=buckets.PROMPT_BUCKETS,
-             batch_buckets=buckets.BATCH_BUCKETS, **options) -> base.DecodeOutput:
+def generate(params, cfg: ModelConfig, prompts, *, method: str = registry.DEFAULT_METHOD,
+             rng=None, mesh=None, rules=None, data_parallel: str | None = None,
+             pad_to=buckets.PROMPT_BUCKETS, batch_buckets=buckets.BATCH_BUCKETS,
+             **options) -> base.DecodeOutput:
   """Decodes a prompt batch with `method` and returns a `base.DecodeOutput`.
 
   Args:
     params: model parameters.
     cfg: the model config.
     prompts: list of token-id lists (left padded here) or a (tokens, valid) pair.
-    method: one of METHODS: "ar", "llada", "dream", "fast_dllm", "d2f", "block_diffusion",
-      "speculative", "selfspec", "adaptive".
+    method: a registered method (`registry.names()`; default `registry.DEFAULT_METHOD`).
     rng: PRNG key for sampling (default key 0).
     mesh: optional `jax.sharding.Mesh` (see parallel.mesh.make_mesh) to decode on.
     rules: logical-axis rules for the mesh (default parallel.mesh.DEFAULT_RULES).
@@ -170,7 +89,7 @@ def generate(params, cfg: ModelConfig, prompts, *, method: str = "llada", rng=No
       naming the rows whose logits were ever NaN/inf) or "flag" (return them with
       `finite` False and `lengths` 0).
   """
-  fn = resolve(method)
+  registry.check(method)
   check_options(method, options)
   on_nonfinite = options.get("on_nonfinite", "raise")
   base.check_on_nonfinite(on_nonfinite)
@@ -185,17 +104,20 @@ def generate(params, cfg: ModelConfig, prompts, *, method: str = "llada", rng=No
   tokens, valid = buckets.pad_batch(tokens, valid, length,
                                     buckets.batch_size(b, batch_buckets, dp),
                                     base.output_pad_id(cfg))
-  options = _pad_row_options(options, b, tokens.shape[0])
-  if mesh is None:  # padding rows: the decoder flags, the error below names caller rows
-    out = fn(params, cfg, tokens, valid, rng,
-             **(options if tokens.shape[0] == b else dict(options, on_nonfinite="flag")))
-  elif mode == "shard_map":
-    from dllm_jax.decoding import data_parallel  # imports every decoder module
-    out, _ = data_parallel.decode(params, cfg, tokens, valid, rng, mesh=mesh, method=method,
-                                  rules=rules, **dict(options, on_nonfinite="flag"))
+  options = _pad_row_options(registry.get(method), options, b, tokens.shape[0])
+  the_plan = protocol.plan(method, cfg, options)
+  the_plan.decoder.check(tokens, valid)
+  protocol.check_row_inputs(the_plan, tokens.shape[0])
+  if mode == "shard_map":
+    from dllm_jax.decoding import data_parallel  # pylint: disable=import-outside-toplevel
+    out, _ = data_parallel.run_plan(params, the_plan, tokens, valid, rng, mesh=mesh,
+                                    rules=rules)
+  elif mesh is not None:
+    out = _run_on_mesh(the_plan, params, tokens, valid, rng, mesh,
+                       mesh_lib.rules_from_config(rules))
   else:
-    out = _generate_on_mesh(fn, params, cfg, tokens, valid, rng, mesh,
-                            mesh_lib.rules_from_config(rules), dict(options, on_nonfinite="flag"))
+    out = protocol.run(the_plan.params(params), *base.prompt_inputs(tokens, valid), rng,
+                       the_plan.traced, the_plan.row_inputs, decoder=the_plan.decoder)
   # The decoder flags; the error names rows of the caller's batch (padding rows dropped).
   return base.raise_if_nonfinite(_take_rows(out, b), on_nonfinite)
 
@@ -213,27 +135,27 @@ def _data_parallel_mode(data_parallel, mesh, rules) -> str | None:
   return data_parallel or "shard_map"
 
 
-def _generate_on_mesh(fn, params, cfg, tokens, valid, rng, mesh, rules, options):
+def _run_on_mesh(the_plan: protocol.Plan, params, tokens, valid, rng, mesh, rules):
   """Places the batch (a multiple of the data-parallel size) and params not yet on the mesh,
-  and runs `fn` as one SPMD program."""
-  if "mesh" in inspect.signature(fn).parameters:  # the decoder places its inputs itself
-    return fn(params, cfg, tokens, valid, rng, mesh=mesh, rules=rules, **options)
-  params = base.place_params(params, cfg, mesh, rules)
+  and runs the decode as one SPMD program."""
+  decoder = the_plan.decoder.on_mesh(mesh, rules)
+  params = mesh_lib.place_params(the_plan.params(params), decoder.abstract_params, mesh, rules)
   batch = mesh_lib.batch_sharding(mesh, 2, rules)
   tokens, valid = jax.device_put(tokens, batch), jax.device_put(valid, batch)
   rng = jax.device_put(rng, mesh_lib.replicated(mesh))
+  row_inputs = the_plan.row_inputs
+  if row_inputs is not None:
+    row_inputs = jax.device_put(np.asarray(row_inputs), mesh_lib.batch_sharding(mesh, 1, rules))
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    return fn(params, cfg, tokens, valid, rng, **options)
+    return protocol.run(params, tokens, valid, rng, the_plan.traced, row_inputs,
+                        decoder=decoder)
 
 
-# Options holding one entry per prompt (adaptive's task tags): padded like the prompts.
-ROW_OPTIONS = ("tasks",)
-
-
-def _pad_row_options(options: dict, b: int, rows: int) -> dict:
-  """Per-prompt options (one entry per caller row) extended to the padded batch by
-  repeating the last entry, as `buckets.pad_batch` repeats the last prompt."""
-  for name in ROW_OPTIONS:
+def _pad_row_options(decoder_cls, options: dict, b: int, rows: int) -> dict:
+  """Per-prompt options (the decoder's `row_options`, one entry per caller row) extended
+  to the padded batch by repeating the last entry, as `buckets.pad_batch` repeats the last
+  prompt."""
+  for name in decoder_cls.row_options:
     value = options.get(name)
     if value is None:
       continue

@@ -29,14 +29,14 @@ A row whose logits are ever non-finite is flagged (`DecodeOutput.finite`).
 from __future__ import annotations
 
 import dataclasses
-import functools
+import sys
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import base, sampling
+from dllm_jax.decoding import base, protocol, sampling
 from dllm_jax.models import kv_cache, masks
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.models.transformer import Transformer
@@ -182,30 +182,14 @@ def finish(cfg: ModelConfig, opts: AROptions, state: ARState) -> base.DecodeOutp
                             state.done, state.finite, pad)
 
 
-init_state = prefill  # the uniform decoder interface (see streaming.py)
+init_state = prefill
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "opts"))
-def _generate(params, tokens, valid, rng, knobs, *, cfg, opts):
-  state = prefill(params, cfg, opts, tokens, valid, rng, knobs)
-  state = jax.lax.while_loop(functools.partial(running, opts),
-                             functools.partial(step, params, cfg, opts), state)
-  return finish(cfg, opts, state)
-
-
-_jit_init = jax.jit(prefill, static_argnums=(1, 2))
-_jit_step = jax.jit(step, static_argnums=(1, 2), donate_argnums=(3,))
-
-
-def jit_init_state(params, cfg: ModelConfig, opts: AROptions, tokens, valid, rng) -> ARState:
-  """Jitted `prefill`; compiled once per static part of `opts` (the knobs ride in the state)."""
-  static, knobs = opts.split()
-  return _jit_init(params, cfg, static, tokens, valid, rng, knobs)
-
-
-def jit_step(params, cfg: ModelConfig, opts: AROptions, state: ARState) -> ARState:
-  """Jitted `step` with the state donated; reads the traced options from `state.knobs`."""
-  return _jit_step(params, cfg, opts.split()[0], state)
+class ARDecoder(protocol.LoopDecoder):
+  """Cached autoregressive decoding: the prefill samples the first token, each step one more."""
+  module = sys.modules[__name__]
+  options = AROptions
+  init_forwards = True
 
 
 def ar_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
@@ -222,14 +206,8 @@ def ar_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=
       "flag" (return them with `finite` False, lengths 0).
     **options: fields of `AROptions` (unknown names raise ValueError).
   """
-  base.check_on_nonfinite(on_nonfinite)
-  opts = base.make_options(AROptions, options)
-  check(cfg, prompt_tokens, prompt_valid, opts)
-  rng = jax.random.key(0) if rng is None else rng
-  tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
-  static, knobs = opts.split()
-  out = _generate(params, tokens, valid, rng, knobs, cfg=cfg, opts=static)
-  return base.raise_if_nonfinite(out, on_nonfinite)
+  return protocol.decode_batch(ARDecoder, params, cfg, prompt_tokens, prompt_valid, rng,
+                               on_nonfinite=on_nonfinite, **options)
 
 
 def check(cfg: ModelConfig, tokens, valid, opts: AROptions) -> None:

@@ -306,20 +306,6 @@ def knob(static, knobs: dict, name: str):
   return knobs[name]
 
 
-def place_params(params, cfg: ModelConfig, mesh, rules):
-  """Params on `mesh`: arrays already on exactly the mesh's devices stay where they are
-  (whatever their layout; jit reshards inside the program if needed); anything else (host
-  arrays, a single device) is placed by `parallel.mesh.param_shardings`."""
-  devices = set(mesh.devices.flat)
-  leaves = jax.tree_util.tree_leaves(params)
-  if leaves and all(isinstance(x, jax.Array) and x.sharding.device_set == devices
-                    for x in leaves):
-    return params
-  from dllm_jax.models.transformer import abstract_params  # model import on the slow path only
-  from dllm_jax.parallel import mesh as mesh_lib
-  return jax.device_put(params, mesh_lib.param_shardings(abstract_params(cfg), mesh, rules))
-
-
 def make_options(cls, options: dict):
   """Builds a frozen options dataclass; unknown names raise a ValueError listing valid ones."""
   names = [f.name for f in dataclasses.fields(cls)]

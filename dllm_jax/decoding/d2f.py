@@ -55,15 +55,15 @@ into a running batch this way; every other field is per row).
 
 API: `d2f_generate`, `block_diffusion_generate` (the one-block, count-rule special case,
 with an `unmasking` schedule: even, cosine or entropy_bound); for step-level control
-`make_spec`, `init_state`, `step`, `output`, and the step interface every decoder module
-shares (`jit_init_state`, `jit_step`, `running`, `response_view`, `finish` on a
-`D2FOptions`), which streaming drives.
+`make_spec`, `init_state`, `step`, `output`; `D2FDecoder` / `BlockDiffusionDecoder`, the
+`protocol.Decoder`s every driver (generate, stream, shard_map, serving) runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 
 import flax.linen as nn
@@ -72,7 +72,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from dllm_jax.decoding import base, llada, sampling, unmasking as unmasking_lib
+from dllm_jax.decoding import base, llada, protocol, sampling, unmasking as unmasking_lib
 from dllm_jax.decoding import d2f_state as ds
 from dllm_jax.decoding.d2f_state import D2FSpec, D2FState
 from dllm_jax.models import kv_cache as kvc
@@ -413,67 +413,100 @@ step = jax.jit(_step, static_argnames=_STATIC, donate_argnames=("state",))
 decode = jax.jit(_decode, static_argnames=_STATIC)
 
 
-# ----------------------------------------------------------------------------- step interface
-
-@dataclasses.dataclass(frozen=True)
-class D2FOptions:
-  """A checked decode: the static `spec` (jit argument) and the traced `limits`."""
-  spec: D2FSpec
-  limits: ds.Thresholds
-
-  @property
-  def gen_length(self) -> int:
-    return self.spec.gen_length
-
-
-def d2f_options(cfg: ModelConfig, **options) -> D2FOptions:
-  """`d2f_generate`'s decode options, checked (ValueError naming the fix)."""
-  return D2FOptions(*make_spec(cfg, **options))
-
+# ----------------------------------------------------------------------------- the decoder
 
 def block_diffusion_options(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
                             block_length: int | None = None, steps_per_block=None,
                             temperature: float = 0.0, remasking: str = "probability",
                             use_cache: bool = True, block_size=None, unmasking: str = "even",
-                            entropy_bound: float = unmasking_lib.DEFAULT_ENTROPY_BOUND
-                            ) -> D2FOptions:
-  """`block_diffusion_generate`'s decode options: D2F with one block in flight, no
-  threshold (tau_conf = inf) and the count rule with the `unmasking` schedule."""
-  return D2FOptions(*make_spec(
+                            entropy_bound: float = unmasking_lib.DEFAULT_ENTROPY_BOUND):
+  """`block_diffusion_generate`'s settings as (D2FSpec, Thresholds): D2F with one block in
+  flight, no threshold (tau_conf = inf) and the count rule with the `unmasking` schedule."""
+  return make_spec(
       cfg, gen_length=gen_length, block_length=block_length, block_size=block_size,
       max_active_blocks=1, tau_add=1.0, tau_act=1.0, tau_conf=math.inf, rule="count",
       steps_per_block=steps_per_block, temperature=temperature, remasking=remasking,
-      use_cache=use_cache, unmasking=unmasking, entropy_bound=entropy_bound))
+      use_cache=use_cache, unmasking=unmasking, entropy_bound=entropy_bound)
 
 
-def check(cfg: ModelConfig, tokens, valid, opts: D2FOptions) -> None:
-  """Validates a prompt batch against the options (before anything is compiled)."""
-  base.check_prompts(cfg, tokens, valid, opts.spec.gen_length,
-                     block_length=opts.spec.block_size)
+@dataclasses.dataclass(frozen=True)
+class D2FDecoder(protocol.Decoder):
+  """D2F's pipelined block decoding (`opts` is the `D2FSpec`; the traced part the
+  `Thresholds`). On a mesh (`on_mesh`) it pins its state's rows to the batch sharding."""
+  mesh: object = None
+  rules: object = None
+
+  init_forwards = True
+
+  @classmethod
+  def option_names(cls) -> tuple[str, ...]:
+    return _keywords(d2f_generate)
+
+  @classmethod
+  def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:
+    spec, limits = make_spec(cfg, **options)
+    return protocol.Plan(cls(cfg, spec), limits)
+
+  @classmethod
+  def run_defaults(cls, block: int) -> dict:
+    return {"block_length": block}
+
+  @property
+  def _kw(self) -> dict:
+    kw = dict(cfg=self.cfg, spec=self.opts)
+    return kw if self.mesh is None else dict(kw, mesh=self.mesh, rules=self.rules)
+
+  def check(self, tokens, valid) -> None:
+    base.check_prompts(self.cfg, tokens, valid, self.opts.gen_length,
+                       block_length=self.opts.block_size)
+
+  def init(self, params, tokens, valid, rng, traced, row_inputs=None):
+    return _init(params, tokens, valid, rng, traced, **self._kw)
+
+  def step(self, params, state):
+    return _step(params, state, **self._kw)
+
+  def running(self, state):
+    return _keep_going(self.opts, state)
+
+  def view(self, state):
+    return state.response, state.decided
+
+  def output(self, state):
+    return output(self.opts, state)
+
+  def with_offset(self, traced, offset):
+    return traced.replace(row_offset=offset)
+
+  def on_mesh(self, mesh, rules) -> "D2FDecoder":
+    return dataclasses.replace(self, mesh=mesh, rules=rules)
 
 
-def jit_init_state(params, cfg: ModelConfig, opts: D2FOptions, tokens, valid, rng):
-  """The state after the first forward (prompt + block 0), jitted on one device."""
-  tokens, valid = base.prompt_inputs(tokens, valid)
-  return init_state(params, tokens, valid, rng, opts.limits, cfg=cfg, spec=opts.spec)
+class BlockDiffusionDecoder(D2FDecoder):
+  """Block diffusion: D2F with one block in flight and the count rule."""
+
+  @classmethod
+  def option_names(cls) -> tuple[str, ...]:
+    return _keywords(block_diffusion_generate)
+
+  @classmethod
+  def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:
+    spec, limits = block_diffusion_options(cfg, **options)
+    return protocol.Plan(cls(cfg, spec), limits)
+
+  @classmethod
+  def run_defaults(cls, block: int) -> dict:
+    return {"block_length": block, "steps_per_block": block}
 
 
-def jit_step(params, cfg: ModelConfig, opts: D2FOptions, state: D2FState) -> D2FState:
-  """One jitted loop step, the state donated."""
-  return step(params, state, cfg=cfg, spec=opts.spec)
+def _keywords(fn) -> tuple[str, ...]:
+  """The decode options of a `*_generate` function: its keyword-only parameters, less those
+  the drivers own (placement, return values, non-finite handling, the old block_size)."""
+  return tuple(p.name for p in inspect.signature(fn).parameters.values()
+               if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _DRIVER_KEYWORDS)
 
 
-def running(opts: D2FOptions, state: D2FState) -> Array:
-  return _keep_going(opts.spec, state)
-
-
-def response_view(cfg: ModelConfig, opts: D2FOptions, state: D2FState):
-  """([B, G] response, [B, G] bool decided)."""
-  return state.response, state.decided
-
-
-def finish(cfg: ModelConfig, opts: D2FOptions, state: D2FState) -> base.DecodeOutput:
-  return output(opts.spec, state)
+_DRIVER_KEYWORDS = ("mesh", "rules", "return_state", "on_nonfinite", "block_size")
 
 
 # ----------------------------------------------------------------------------- public API
@@ -542,11 +575,11 @@ def block_diffusion_generate(params, cfg: ModelConfig, prompt_tokens, prompt_val
   steps per block are dynamic (at most k) and nfe counts the forwards actually run
   (`unmasking.py` states each rule exactly). Other arguments as in `d2f_generate`.
   """
-  opts = block_diffusion_options(
+  spec, limits = block_diffusion_options(
       cfg, gen_length=gen_length, block_length=block_length, block_size=block_size,
       steps_per_block=steps_per_block, temperature=temperature, remasking=remasking,
       use_cache=use_cache, unmasking=unmasking, entropy_bound=entropy_bound)
-  return _generate(params, cfg, opts.spec, opts.limits, prompt_tokens, prompt_valid, rng, mesh,
+  return _generate(params, cfg, spec, limits, prompt_tokens, prompt_valid, rng, mesh,
                    rules, return_state, on_nonfinite)
 
 
@@ -564,7 +597,8 @@ def prepare(params, cfg, spec, limits, prompt, valid, rng, mesh, rules):
   if prompt.shape[0] % dp:
     raise ValueError(f"batch {prompt.shape[0]} is not divisible by the mesh's "
                      f"data-parallel size {dp}; pad the batch with dummy prompts.")
-  params = base.place_params(params, cfg, mesh, rules)
+  params = mesh_lib.place_params(params, functools.partial(model_lib.abstract_params, cfg),
+                                 mesh, rules)
   rows = mesh_lib.batch_sharding(mesh, 2, rules)
   prompt, valid = jax.device_put(prompt, rows), jax.device_put(valid, rows)
   rng, limits = jax.device_put((rng, limits), mesh_lib.replicated(mesh))

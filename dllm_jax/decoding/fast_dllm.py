@@ -52,14 +52,14 @@ recompiles. A row whose block logits are ever non-finite is flagged (`DecodeOutp
 from __future__ import annotations
 
 import dataclasses
-import functools
+import sys
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import base, llada, sampling
+from dllm_jax.decoding import base, llada, protocol, sampling
 from dllm_jax.models import kv_cache, masks
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.models.transformer import Transformer, project
@@ -351,27 +351,14 @@ def finish(cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> base.De
   return llada.finish(cfg, opts, state)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "opts"))
-def _generate(params, tokens, valid, rng, knobs, *, cfg, opts):
-  state = init_state(params, cfg, opts, tokens, valid, rng, knobs)
-  state = jax.lax.while_loop(functools.partial(running, opts),
-                             functools.partial(step, params, cfg, opts), state)
-  return finish(cfg, opts, state)
+class FastDLLMDecoder(protocol.LoopDecoder):
+  """Fast-dLLM: threshold / factor commits per block, with no, prefix or dual cache."""
+  module = sys.modules[__name__]
+  options = FastDLLMOptions
 
-
-_jit_init = jax.jit(init_state, static_argnums=(1, 2))
-_jit_step = jax.jit(step, static_argnums=(1, 2), donate_argnums=(3,))
-
-
-def jit_init_state(params, cfg: ModelConfig, opts: FastDLLMOptions, tokens, valid, rng):
-  """Jitted `init_state`; compiled once per static part of `opts` (knobs ride in the state)."""
-  static, knobs = opts.split()
-  return _jit_init(params, cfg, static, tokens, valid, rng, knobs)
-
-
-def jit_step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> FastState:
-  """Jitted `step` with the state donated; reads the traced options from `state.knobs`."""
-  return _jit_step(params, cfg, opts.split()[0], state)
+  @classmethod
+  def run_defaults(cls, block: int) -> dict:
+    return {"block_length": block}
 
 
 def fast_dllm_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
@@ -392,14 +379,8 @@ def fast_dllm_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=Non
   runs the forwards it would run alone (`FastState.forwards` of the streaming interface), so
   nfe is the largest of them.
   """
-  base.check_on_nonfinite(on_nonfinite)
-  opts = base.make_options(FastDLLMOptions, options)
-  check(cfg, prompt_tokens, prompt_valid, opts)
-  rng = jax.random.key(0) if rng is None else rng
-  tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
-  static, knobs = opts.split()
-  out = _generate(params, tokens, valid, rng, knobs, cfg=cfg, opts=static)
-  return base.raise_if_nonfinite(out, on_nonfinite)
+  return protocol.decode_batch(FastDLLMDecoder, params, cfg, prompt_tokens, prompt_valid,
+                               rng, on_nonfinite=on_nonfinite, **options)
 
 
 def check(cfg: ModelConfig, tokens, valid, opts: FastDLLMOptions) -> None:

@@ -40,14 +40,14 @@ block logits are ever non-finite is flagged (`DecodeOutput.finite`).
 from __future__ import annotations
 
 import dataclasses
-import functools
+import sys
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import base, sampling, unmasking as unmasking_lib
+from dllm_jax.decoding import base, protocol, sampling, unmasking as unmasking_lib
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.models.transformer import Transformer
 
@@ -341,27 +341,18 @@ def finish(cfg: ModelConfig, opts, state) -> base.DecodeOutput:
                             row_done(cfg, response, decided), state.finite, pad)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "opts"))
-def _generate(params, tokens, valid, rng, knobs, *, cfg, opts):
-  state = init_state(params, cfg, opts, tokens, valid, rng, knobs)
-  state = jax.lax.while_loop(functools.partial(running, opts),
-                             functools.partial(step, params, cfg, opts), state)
-  return finish(cfg, opts, state)
+class LLaDADecoder(protocol.LoopDecoder):
+  """LLaDA: full-canvas bidirectional forwards, the top-k of each semi-AR block per step."""
+  module = sys.modules[__name__]
+  options = LLaDAOptions
 
 
-_jit_init = jax.jit(init_state, static_argnums=(1, 2))
-_jit_step = jax.jit(step, static_argnums=(1, 2), donate_argnums=(3,))
+DREAM_DEFAULTS = {"remasking": "entropy"}
 
 
-def jit_init_state(params, cfg: ModelConfig, opts, tokens, valid, rng):
-  """Jitted `init_state`; compiled once per static part of `opts` (knobs ride in the state)."""
-  static, knobs = opts.split()
-  return _jit_init(params, cfg, static, tokens, valid, rng, knobs)
-
-
-def jit_step(params, cfg: ModelConfig, opts, state):
-  """Jitted `step` with the state donated; reads the traced options from `state.knobs`."""
-  return _jit_step(params, cfg, opts.split()[0], state)
+class DreamDecoder(LLaDADecoder):
+  """LLaDA's loop with Dream's default ordering (`remasking="entropy"`)."""
+  defaults = DREAM_DEFAULTS
 
 
 def llada_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
@@ -377,22 +368,13 @@ def llada_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, r
       "flag" (return them with `finite` False, lengths 0).
     **options: fields of `LLaDAOptions` (unknown names raise ValueError).
   """
-  base.check_on_nonfinite(on_nonfinite)
-  opts = base.make_options(LLaDAOptions, options)
-  check(cfg, prompt_tokens, prompt_valid, opts)
-  rng = jax.random.key(0) if rng is None else rng
-  tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
-  static, knobs = opts.split()
-  out = _generate(params, tokens, valid, rng, knobs, cfg=cfg, opts=static)
-  return base.raise_if_nonfinite(out, on_nonfinite)
-
-
-DREAM_DEFAULTS = {"remasking": "entropy"}
+  return protocol.decode_batch(LLaDADecoder, params, cfg, prompt_tokens, prompt_valid, rng,
+                               on_nonfinite=on_nonfinite, **options)
 
 
 def dream_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
                    on_nonfinite: str = "raise", **options) -> base.DecodeOutput:
   """`llada_generate` with Dream's default ordering (`remasking="entropy"`)."""
-  return llada_generate(params, cfg, prompt_tokens, prompt_valid, rng,
-                        on_nonfinite=on_nonfinite, **{**DREAM_DEFAULTS, **options})
+  return protocol.decode_batch(DreamDecoder, params, cfg, prompt_tokens, prompt_valid, rng,
+                               on_nonfinite=on_nonfinite, **options)
 

@@ -56,7 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import base, sampling
+from dllm_jax.decoding import base, protocol, sampling
 from dllm_jax.decoding import speculative as spec
 from dllm_jax.models import kv_cache as kvc
 from dllm_jax.models import masks
@@ -116,6 +116,7 @@ class SelfSpecState:
   accepted: Array
   step: Array
   rng: Array
+  row_offset: Array  # [] the global index of row 0 (a data shard's first row)
 
 
 def _forward(params, cfg: ModelConfig, clean, mask_start, cache, k: int):
@@ -164,7 +165,7 @@ def _round(params, cfg, opts, state: SelfSpecState, hidden, mask_logits, cache, 
       accepted=state.accepted + accepted, step=state.step + 1)
 
 
-def _init(params, prompt, valid, rng, *, cfg: ModelConfig, opts: SelfSpecOptions):
+def _init(params, prompt, valid, rng, *, cfg: ModelConfig, opts: SelfSpecOptions, offset=0):
   b, p = prompt.shape
   g, k = opts.gen_length, opts.draft_length
   prompt_len = valid.sum(-1, dtype=jnp.int32)
@@ -178,12 +179,13 @@ def _init(params, prompt, valid, rng, *, cfg: ModelConfig, opts: SelfSpecOptions
       prompt_len=prompt_len, cache=cache, draft=jnp.zeros((b, k), jnp.int32),
       has_draft=jnp.zeros((b,), bool), done=jnp.zeros((b,), bool),
       finite=jnp.ones((b,), bool), rounds=zeros,
-      drafted=zeros, accepted=zeros, step=jnp.zeros((), jnp.int32), rng=rng)
+      drafted=zeros, accepted=zeros, step=jnp.zeros((), jnp.int32), rng=rng,
+      row_offset=jnp.asarray(offset, jnp.int32))
   # Verify "no draft": slot 0 (the prompt's last token) gives the first token.
   slots = jnp.full((b, k + 1), p - 1, jnp.int32)
   return _round(params, cfg, opts, state, jnp.take_along_axis(hidden, slots[..., None], 1),
                 mask_logits, cache, jnp.full((b,), p, jnp.int32), zeros,
-                spec.round_keys(rng, 0, zeros, 1))
+                spec.round_keys(rng, 0, zeros, 1, offset))
 
 
 def _step(params, state: SelfSpecState, *, cfg: ModelConfig, opts: SelfSpecOptions):
@@ -201,7 +203,7 @@ def _step(params, state: SelfSpecState, *, cfg: ModelConfig, opts: SelfSpecOptio
   hidden, mask_logits, cache = _forward(params, cfg, (tokens, positions, valid),
                                         last_pos + n_drafts + 1, state.cache, k)
   return _round(params, cfg, opts, state, hidden, mask_logits, cache, cache_len0 + 1, n_drafts,
-                spec.round_keys(state.rng, state.step, state.rounds, 1))
+                spec.round_keys(state.rng, state.step, state.rounds, 1, state.row_offset))
 
 
 def _capacity(p: int, opts: SelfSpecOptions) -> int:
@@ -223,14 +225,6 @@ def output(cfg: ModelConfig, opts: SelfSpecOptions, state: SelfSpecState):
 def _running(opts: SelfSpecOptions, state: SelfSpecState) -> Array:
   more = state.step < opts.gen_length
   return more & ~jnp.all(state.done) if opts.early_stop else more
-
-
-@functools.partial(jax.jit, static_argnames=("cfg", "opts"))
-def _generate(params, prompt, valid, rng, *, cfg, opts):
-  state = _init(params, prompt, valid, rng, cfg=cfg, opts=opts)
-  state = jax.lax.while_loop(functools.partial(_running, opts),
-                             functools.partial(_step, params, cfg=cfg, opts=opts), state)
-  return output(cfg, opts, state)
 
 
 def check_model(cfg: ModelConfig) -> None:
@@ -259,34 +253,39 @@ def check_capacity(cfg: ModelConfig, prompt_len: int, opts: SelfSpecOptions) -> 
                      f"{cfg.max_seq_len}; lower draft_length.")
 
 
-# ----------------------------------------------------------------------------- step interface
+# ----------------------------------------------------------------------------- the decoder
 
-_jit_init = jax.jit(_init, static_argnames=("cfg", "opts"))
-_jit_step = jax.jit(_step, static_argnames=("cfg", "opts"), donate_argnames=("state",))
+class SelfSpecDecoder(protocol.Decoder):
+  """One network verifies the last draft causally and drafts the next block in one forward."""
+  options = SelfSpecOptions
+  init_forwards = True   # the init's forward (prompt + mask block) commits the first token
 
+  @classmethod
+  def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:
+    opts = base.make_options(SelfSpecOptions, options)
+    return protocol.Plan(cls(cfg, opts), {"row_offset": np.int32(0)})
 
-def jit_init_state(params, cfg: ModelConfig, opts: SelfSpecOptions, tokens, valid, rng):
-  """The state after the first forward (prompt + mask block), jitted."""
-  tokens, valid = base.prompt_inputs(tokens, valid)
-  return _jit_init(params, tokens, valid, rng, cfg=cfg, opts=opts)
+  def check(self, tokens, valid) -> None:
+    check(self.cfg, tokens, valid, self.opts)
 
+  def init(self, params, tokens, valid, rng, traced, row_inputs=None):
+    return _init(params, tokens, valid, rng, cfg=self.cfg, opts=self.opts,
+                 offset=traced["row_offset"])
 
-def jit_step(params, cfg: ModelConfig, opts: SelfSpecOptions, state: SelfSpecState):
-  """One jitted forward (verify + draft), the state donated."""
-  return _jit_step(params, state, cfg=cfg, opts=opts)
+  def step(self, params, state):
+    return _step(params, state, cfg=self.cfg, opts=self.opts)
 
+  def running(self, state):
+    return _running(self.opts, state)
 
-def running(opts: SelfSpecOptions, state: SelfSpecState) -> Array:
-  return _running(opts, state)
+  def view(self, state):
+    return state.response, jnp.arange(self.gen_length)[None, :] < state.n[:, None]
 
+  def output(self, state):
+    return output(self.cfg, self.opts, state)[0]
 
-def response_view(cfg: ModelConfig, opts: SelfSpecOptions, state: SelfSpecState):
-  """([B, G] response, [B, G] bool decided: the committed prefix of each row)."""
-  return state.response, jnp.arange(opts.gen_length)[None, :] < state.n[:, None]
-
-
-def finish(cfg: ModelConfig, opts: SelfSpecOptions, state: SelfSpecState) -> base.DecodeOutput:
-  return output(cfg, opts, state)[0]
+  def stats(self, state):
+    return output(self.cfg, self.opts, state)[1]
 
 
 # ----------------------------------------------------------------------------- public API
@@ -312,13 +311,8 @@ def selfspec_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None
   Returns:
     base.DecodeOutput (nfe = steps = forwards), and the stats when return_stats.
   """
-  base.check_on_nonfinite(on_nonfinite)
-  opts = base.make_options(SelfSpecOptions, dict(
-      gen_length=gen_length, draft_length=draft_length, temperature=temperature, top_k=top_k,
-      top_p=top_p, early_stop=early_stop))
-  check(cfg, prompt_tokens, prompt_valid, opts)
-  rng = jax.random.key(0) if rng is None else rng
-  tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
-  out, stats = _generate(params, tokens, valid, rng, cfg=cfg, opts=opts)
-  out = base.raise_if_nonfinite(out, on_nonfinite)
-  return (out, stats) if return_stats else out
+  return protocol.decode_batch(
+      SelfSpecDecoder, params, cfg, prompt_tokens, prompt_valid, rng,
+      on_nonfinite=on_nonfinite, with_stats=return_stats, gen_length=gen_length,
+      draft_length=draft_length, temperature=temperature, top_k=top_k, top_p=top_p,
+      early_stop=early_stop)

@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import base, sampling
+from dllm_jax.decoding import base, protocol, sampling
 # The distributions are re-exported: `speculative.greedy` / `.probabilities` are public.
 from dllm_jax.decoding.drafters import (ar_draft, diffusion_draft, greedy, probabilities,
                                        unshifted)
@@ -178,6 +178,7 @@ class SpecState:
   target_forwards: Array
   drafter_forwards: Array
   rng: Array
+  row_offset: Array  # [] the global index of row 0 (a data shard's first row)
 
 
 # ----------------------------------------------------------------------------- acceptance
@@ -229,14 +230,16 @@ def verify(logits: Array, drafts: Array, n_drafts: Array, keys: Array, *,
   return jax.vmap(row)(keys, p, q, p_d, q_d, live, drafts)
 
 
-def row_keys(rng: Array, step, tag: int, batch: int) -> Array:
+def row_keys(rng: Array, step, tag: int, batch: int, offset=0) -> Array:
   """[B] keys fold_in(fold_in(fold_in(rng, step), tag), row): a row's randomness depends
-  only on its own index, so batching never changes it."""
+  only on its own global index (`offset` + its index in the batch), so batching and data
+  shards never change it."""
   key = jax.random.fold_in(jax.random.fold_in(rng, step), tag)
-  return jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(batch))
+  rows = jnp.arange(batch, dtype=jnp.int32) + jnp.asarray(offset, jnp.int32)
+  return jax.vmap(lambda r: jax.random.fold_in(key, r))(rows)
 
 
-def round_keys(rng: Array, step, rounds: Array, tag: int) -> Array:
+def round_keys(rng: Array, step, rounds: Array, tag: int, offset=0) -> Array:
   """[B] keys of one round. One key: `row_keys(rng, step, tag, B)`. [B] keys (one per row,
   e.g. per request: `serving.request_keys`): fold_in(fold_in(rng[b], rounds[b]), tag), the
   row's own key at its own round count, so a row decodes as it would alone with
@@ -244,7 +247,7 @@ def round_keys(rng: Array, step, rounds: Array, tag: int) -> Array:
   if sampling.is_row_keys(rng):
     return jax.vmap(lambda key, r: jax.random.fold_in(jax.random.fold_in(key, r), tag))(
         rng, rounds.astype(jnp.int32))
-  return row_keys(rng, step, tag, rounds.shape[0])
+  return row_keys(rng, step, tag, rounds.shape[0], offset)
 
 
 def commit(cfg: ModelConfig, response: Array, n: Array, done: Array, tokens: Array,
@@ -308,7 +311,8 @@ def _verify_and_commit(tparams, tcfg, opts, state: SpecState, chunk, out_from, d
   return tcache, accepted, response, count, done, jnp.isfinite(logits).all((1, 2))
 
 
-def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions) -> SpecState:
+def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions,
+          offset=0) -> SpecState:
   b, p = prompt.shape
   g, k = opts.gen_length, opts.draft_length
   prompt = prompt.astype(jnp.int32)
@@ -322,7 +326,7 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions
   if opts.drafter == "ar":
     first = (prompt, ppos, valid, write_p, jnp.full((b,), p - 1, jnp.int32))
     drafts, q, dcache, d_ok = ar_draft(dparams, dcfg, opts, forbid, first, dcache, prompt_len,
-                                       round_keys(rng, 0, zeros, 0))
+                                       round_keys(rng, 0, zeros, 0, offset))
     d_forwards = k
   else:
     context = (prompt, _context_ids(opts, ppos, jnp.zeros_like(prompt)), ppos, valid,
@@ -338,9 +342,10 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions
       prompt_len=prompt_len, tcache=tcache, dcache=dcache, pending=jnp.zeros((b,), bool),
       done=jnp.zeros((b,), bool), finite=jnp.ones((b,), bool), rounds=zeros, drafted=zeros,
       accepted=zeros, step=jnp.zeros((), jnp.int32), target_forwards=jnp.zeros((), jnp.int32),
-      drafter_forwards=jnp.zeros((), jnp.int32), rng=rng)
+      drafter_forwards=jnp.zeros((), jnp.int32), rng=rng,
+      row_offset=jnp.asarray(offset, jnp.int32))
   tcache, accepted, response, count, done, t_ok = _verify_and_commit(
-      tparams, tcfg, opts, state, chunk, p - 1, drafts, q, round_keys(rng, 0, zeros, 1),
+      tparams, tcfg, opts, state, chunk, p - 1, drafts, q, round_keys(rng, 0, zeros, 1, offset),
       tcache)
   d_len = (jnp.full((b,), p, jnp.int32) + jnp.minimum(accepted, k - 1)
            if opts.drafter == "ar" else dcache.length)
@@ -389,7 +394,7 @@ def _step(tparams, dparams, state: SpecState, *, tcfg, dcfg, opts: SpecOptions) 
     first = (tokens, positions, valid, write, pend.astype(jnp.int32))
     drafts, q, dcache, d_ok = ar_draft(dparams, dcfg, opts, forbid, first, state.dcache,
                                        last_pos + 1,
-                                       round_keys(state.rng, state.step, state.rounds, 0))
+                                       round_keys(state.rng, state.step, state.rounds, 0, state.row_offset))
     d_forwards = k
   else:
     p = state.tcache.capacity - g
@@ -411,7 +416,7 @@ def _step(tparams, dparams, state: SpecState, *, tcfg, dcfg, opts: SpecOptions) 
   t0 = state.tcache.length
   tcache, accepted, response, count, done, t_ok = _verify_and_commit(
       tparams, tcfg, opts, state, chunk, 0, drafts, q,
-      round_keys(state.rng, state.step, state.rounds, 1), state.tcache)
+      round_keys(state.rng, state.step, state.rounds, 1, state.row_offset), state.tcache)
   accepted = jnp.where(live, accepted, 0)
   tcache = kvc.truncate(tcache, jnp.where(live, t0 + accepted + 1, t0))
   if opts.drafter == "ar":
@@ -455,56 +460,68 @@ def output(cfg: ModelConfig, opts: SpecOptions, state: SpecState):
   return out, stats
 
 
-@functools.partial(jax.jit, static_argnames=("tcfg", "dcfg", "opts"))
-def _generate(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts):
-  kw = dict(tcfg=tcfg, dcfg=dcfg, opts=opts)
-  state = _init(tparams, dparams, prompt, valid, rng, **kw)
-  state = jax.lax.while_loop(functools.partial(rounds_left, opts),
-                             functools.partial(_step, tparams, dparams, **kw), state)
-  return output(tcfg, opts, state)
+# ----------------------------------------------------------------------------- the decoder
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeDecoder(protocol.Decoder):
+  """A drafter proposes, the AR target verifies: `opts` is the `SpecOptions`; the state and
+  `params` hold both models ((target, drafter) params)."""
+  drafter_cfg: ModelConfig = None
+
+  init_forwards = True   # the init runs round 0 (drafts and the verifying prefill)
+  uses_drafter = True
+
+  @classmethod
+  def option_names(cls) -> tuple[str, ...]:
+    return ("drafter_params", "drafter_cfg") + tuple(
+        f.name for f in dataclasses.fields(SpecOptions))
+
+  @classmethod
+  def plan(cls, cfg: ModelConfig, *, drafter_params=None, drafter_cfg=None,
+           **options) -> protocol.Plan:
+    opts = base.make_options(SpecOptions, options)
+    check_drafter(cfg, drafter_params, drafter_cfg, "speculative")
+    return protocol.Plan(cls(cfg, opts, drafter_cfg), {"row_offset": np.int32(0)},
+                         drafter_params)
+
+  def check(self, tokens, valid) -> None:
+    opts, dcfg = self.opts, self.drafter_cfg
+    base.check_prompts(self.cfg, tokens, valid, opts.gen_length, needs_mask=False)
+    base.check_prompts(dcfg, tokens, valid, opts.gen_length, needs_mask=opts.drafter != "ar")
+    check_drafter_capacity(dcfg, opts, _drafter_capacity(np.shape(tokens)[1], opts))
+
+  def init(self, params, tokens, valid, rng, traced, row_inputs=None):
+    return _init(*params, tokens, valid, rng, tcfg=self.cfg, dcfg=self.drafter_cfg,
+                 opts=self.opts, offset=traced["row_offset"])
+
+  def step(self, params, state):
+    return _step(*params, state, tcfg=self.cfg, dcfg=self.drafter_cfg, opts=self.opts)
+
+  def running(self, state):
+    return rounds_left(self.opts, state)
+
+  def view(self, state):
+    return state.response, jnp.arange(self.gen_length)[None, :] < state.n[:, None]
+
+  def output(self, state):
+    return output(self.cfg, self.opts, state)[0]
+
+  def stats(self, state):
+    return output(self.cfg, self.opts, state)[1]
+
+  def abstract_params(self):
+    from dllm_jax.models.transformer import abstract_params  # pylint: disable=import-outside-toplevel
+    return abstract_params(self.cfg), abstract_params(self.drafter_cfg)
 
 
-# ----------------------------------------------------------------------------- step interface
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class SpecRun:
-  """A checked speculative decode for the step interface (`decoding.streaming`): the static
-  options and the drafter (its params ride here, next to the target's `params` argument)."""
-  opts: SpecOptions
-  drafter_params: object
-  drafter_cfg: ModelConfig
-
-  @property
-  def gen_length(self) -> int:
-    return self.opts.gen_length
-
-
-def run_options(target_cfg: ModelConfig, *, drafter_params=None,
-                drafter_cfg: ModelConfig | None = None, drafter: str = "d2f",
-                gen_length: int = base.GEN_LENGTH, draft_length: int = 4,
-                draft_steps: int = 0, temperature: float = 0.0, top_k: int = 0,
-                top_p: float = 1.0, early_stop: bool = True) -> SpecRun:
-  """`speculative_generate`'s options and drafter, checked (ValueError / VocabMismatchError
-  naming the fix)."""
-  opts = base.make_options(SpecOptions, dict(
-      gen_length=gen_length, drafter=drafter, draft_length=draft_length,
-      draft_steps=draft_steps, temperature=temperature, top_k=top_k, top_p=top_p,
-      early_stop=early_stop))
+def check_drafter(target_cfg: ModelConfig, drafter_params, drafter_cfg, method: str) -> None:
+  """Raises ValueError unless a drafter is given and shares the target's tokenizer."""
   if drafter_params is None or drafter_cfg is None:
-    raise ValueError("speculative decoding needs a drafter: pass drafter_params and "
+    raise ValueError(f"{method} decoding needs a drafter: pass drafter_params and "
                      "drafter_cfg (a small AR model, or a D2F / block-diffusion model, sharing "
                      "the target's tokenizer; Sampler.load(..., drafter_model=<dir>) loads "
                      "one).")
   check_pair(target_cfg, drafter_cfg)
-  return SpecRun(opts, drafter_params, drafter_cfg)
-
-
-def check(cfg: ModelConfig, tokens, valid, run: SpecRun) -> None:
-  """Validates a prompt batch against both models' windows (before anything is compiled)."""
-  opts, dcfg = run.opts, run.drafter_cfg
-  base.check_prompts(cfg, tokens, valid, opts.gen_length, needs_mask=False)
-  base.check_prompts(dcfg, tokens, valid, opts.gen_length, needs_mask=opts.drafter != "ar")
-  check_drafter_capacity(dcfg, opts, _drafter_capacity(np.shape(tokens)[1], opts))
 
 
 def check_drafter_capacity(dcfg: ModelConfig, opts, capacity: int) -> None:
@@ -514,36 +531,6 @@ def check_drafter_capacity(dcfg: ModelConfig, opts, capacity: int) -> None:
     raise ValueError(f"a diffusion drafter forwards 2 * draft_length + 1 = "
                      f"{2 * opts.draft_length + 1} slots, more than its window max_seq_len="
                      f"{dcfg.max_seq_len}; lower draft_length.")
-
-
-_jit_init = jax.jit(_init, static_argnames=("tcfg", "dcfg", "opts"))
-_jit_step = jax.jit(_step, static_argnames=("tcfg", "dcfg", "opts"), donate_argnames=("state",))
-
-
-def jit_init_state(params, cfg: ModelConfig, run: SpecRun, tokens, valid, rng) -> SpecState:
-  """The state after the first round (drafts + the verifying prefill), jitted."""
-  tokens, valid = base.prompt_inputs(tokens, valid)
-  return _jit_init(params, run.drafter_params, tokens, valid, rng, tcfg=cfg,
-                   dcfg=run.drafter_cfg, opts=run.opts)
-
-
-def jit_step(params, cfg: ModelConfig, run: SpecRun, state: SpecState) -> SpecState:
-  """One jitted round (drafter forwards + one target forward), the state donated."""
-  return _jit_step(params, run.drafter_params, state, tcfg=cfg, dcfg=run.drafter_cfg,
-                   opts=run.opts)
-
-
-def running(run: SpecRun, state: SpecState) -> Array:
-  return rounds_left(run.opts, state)
-
-
-def response_view(cfg: ModelConfig, run: SpecRun, state: SpecState) -> tuple[Array, Array]:
-  """([B, G] response, [B, G] bool decided: the committed prefix of each row)."""
-  return state.response, jnp.arange(run.gen_length)[None, :] < state.n[:, None]
-
-
-def finish(cfg: ModelConfig, run: SpecRun, state: SpecState) -> base.DecodeOutput:
-  return output(cfg, run.opts, state)[0]
 
 
 # ----------------------------------------------------------------------------- public API
@@ -583,15 +570,9 @@ def speculative_generate(target_params, target_cfg: ModelConfig, prompt_tokens,
     base.DecodeOutput (nfe = target + drafter forwards; steps = rounds), and the SpecStats
     when return_stats.
   """
-  base.check_on_nonfinite(on_nonfinite)
-  run = run_options(target_cfg, drafter_params=drafter_params, drafter_cfg=drafter_cfg,
-                    drafter=drafter, gen_length=gen_length, draft_length=draft_length,
-                    draft_steps=draft_steps, temperature=temperature, top_k=top_k,
-                    top_p=top_p, early_stop=early_stop)
-  check(target_cfg, prompt_tokens, prompt_valid, run)
-  rng = jax.random.key(0) if rng is None else rng
-  tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
-  out, stats = _generate(target_params, drafter_params, tokens, valid, rng, tcfg=target_cfg,
-                         dcfg=drafter_cfg, opts=run.opts)
-  out = base.raise_if_nonfinite(out, on_nonfinite)
-  return (out, stats) if return_stats else out
+  options = dict(drafter_params=drafter_params, drafter_cfg=drafter_cfg, drafter=drafter,
+                 gen_length=gen_length, draft_length=draft_length, draft_steps=draft_steps,
+                 temperature=temperature, top_k=top_k, top_p=top_p, early_stop=early_stop)
+  return protocol.decode_batch(SpeculativeDecoder, target_params, target_cfg, prompt_tokens,
+                               prompt_valid, rng, on_nonfinite=on_nonfinite,
+                               with_stats=return_stats, **options)

@@ -12,14 +12,9 @@ the last event
 carries the same `DecodeOutput` that `generate` returns (or raises NonFiniteLogitsError like
 it, unless on_nonfinite="flag").
 
-Every decoder module used here exposes the same small interface, on the checked options
-`opts` that `_STREAMERS` builds for the method:
-  check(cfg, tokens, valid, opts)                        (prompt batch vs options)
-  jit_init_state(params, cfg, opts, tokens, valid, rng) -> state
-  jit_step(params, cfg, opts, state) -> state            (state donated)
-  running(opts, state) -> [] bool
-  response_view(cfg, opts, state) -> ([B, G] response, [B, G] bool decided)
-  finish(cfg, opts, state) -> DecodeOutput
+It runs every method through its `protocol.Decoder`: `protocol.jit_init`, then
+`protocol.jit_step` (the state donated) until `decoder.running` is False, reading
+`decoder.view` after each.
 """
 
 from __future__ import annotations
@@ -30,35 +25,7 @@ from collections.abc import Iterator
 import jax
 import numpy as np
 
-from dllm_jax.decoding import (adaptive, api, ar, base, d2f, fast_dllm, llada, selfspec,
-                               speculative)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Streamer:
-  """How to stream one method: its module, how to build its options, whether the init
-  already runs a forward (and so already commits tokens)."""
-  module: object
-  options: object
-  init_forwards: bool
-
-
-_STREAMERS = {
-    "ar": _Streamer(ar, lambda cfg, **o: base.make_options(ar.AROptions, o), True),
-    "llada": _Streamer(llada, lambda cfg, **o: base.make_options(llada.LLaDAOptions, o), False),
-    "dream": _Streamer(llada, lambda cfg, **o: base.make_options(
-        llada.LLaDAOptions, {**llada.DREAM_DEFAULTS, **o}), False),
-    "fast_dllm": _Streamer(fast_dllm, lambda cfg, **o: base.make_options(
-        fast_dllm.FastDLLMOptions, o), False),
-    "d2f": _Streamer(d2f, d2f.d2f_options, True),
-    "block_diffusion": _Streamer(d2f, d2f.block_diffusion_options, True),
-    # Hybrids: the options carry the drafter (drafter_params, drafter_cfg), and the init
-    # runs round 0 (drafts and the verifying prefill), which already commits tokens.
-    "speculative": _Streamer(speculative, speculative.run_options, True),
-    "selfspec": _Streamer(selfspec, lambda cfg, **o: base.make_options(
-        selfspec.SelfSpecOptions, o), True),
-    "adaptive": _Streamer(adaptive, adaptive.run_options, True),
-}
+from dllm_jax.decoding import api, base, protocol, registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,42 +48,46 @@ class StreamEvent:
   output: base.DecodeOutput | None = None
 
 
-def stream(params, cfg, prompts, *, method: str = "llada", rng=None,
+def stream(params, cfg, prompts, *, method: str = registry.DEFAULT_METHOD, rng=None,
            **options) -> Iterator[StreamEvent]:
   """Decodes like `api.generate` (same options) but yields a `StreamEvent` after every
   forward; the last event's `output` equals `generate`'s result."""
-  if method not in _STREAMERS:
-    api.resolve(method)  # the unknown-method error
-  api.check_options(method, options)
-  on_nonfinite = options.pop("on_nonfinite", "raise")
+  on_nonfinite = options.get("on_nonfinite", "raise")
   base.check_on_nonfinite(on_nonfinite)
-  streamer = _STREAMERS[method]
-  module = streamer.module
-  opts = streamer.options(cfg, **options)
+  plan = protocol.plan(method, cfg, options)
+  decoder = plan.decoder
   tokens, valid = api.as_prompt_batch(cfg, prompts)
-  module.check(cfg, tokens, valid, opts)
+  decoder.check(tokens, valid)
+  protocol.check_row_inputs(plan, tokens.shape[0])
   rng = jax.random.key(0) if rng is None else rng
+  params = plan.params(params)
 
-  state = module.jit_init_state(params, cfg, opts, tokens, valid, rng)
-  seen = np.zeros((tokens.shape[0], opts.gen_length), bool)
+  state = protocol.jit_init(params, *base.prompt_inputs(tokens, valid), rng, plan.traced,
+                            plan.row_inputs, decoder=decoder)
+  seen = np.zeros((tokens.shape[0], decoder.gen_length), bool)
   step, more = 0, True
-  if streamer.init_forwards:
-    seen, event, more = _event(module, cfg, opts, state, seen, step, on_nonfinite)
+  if decoder.init_forwards:
+    seen, event, more = _event(decoder, state, seen, step, on_nonfinite)
     yield event
   while more:
-    state = module.jit_step(params, cfg, opts, state)
+    state = protocol.jit_step(params, state, decoder=decoder)
     step += 1
-    seen, event, more = _event(module, cfg, opts, state, seen, step, on_nonfinite)
+    seen, event, more = _event(decoder, state, seen, step, on_nonfinite)
     yield event
 
 
-def _event(module, cfg, opts, state, seen, step, on_nonfinite):
+def _event(decoder, state, seen, step, on_nonfinite):
   """The host view of `state`; the last event (loop finished) carries the output."""
-  response, decided = jax.device_get(module.response_view(cfg, opts, state))
+  response, decided = jax.device_get(_view(state, decoder=decoder))
   decided = np.asarray(decided)
-  more = bool(module.running(opts, state))
+  more = bool(_running(state, decoder=decoder))
   output = None
   if not more:
-    output = base.raise_if_nonfinite(module.finish(cfg, opts, state), on_nonfinite)
+    output = base.raise_if_nonfinite(_output(state, decoder=decoder), on_nonfinite)
   return decided, StreamEvent(step=step, new=decided & ~seen, response=np.asarray(response),
                               decided=decided, output=output), more
+
+
+_view = jax.jit(lambda state, decoder: decoder.view(state), static_argnames="decoder")
+_running = jax.jit(lambda state, decoder: decoder.running(state), static_argnames="decoder")
+_output = jax.jit(lambda state, decoder: decoder.output(state), static_argnames="decoder")

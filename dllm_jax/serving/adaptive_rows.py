@@ -35,7 +35,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from dllm_jax.decoding import adaptive
+from dllm_jax.decoding import adaptive, base
+from dllm_jax.decoding import speculative as spec
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.serving import rows
 from dllm_jax.serving import speculative_rows
@@ -61,14 +62,17 @@ class AdaptiveRows(speculative_rows.DraftedRows):
   row_options = ("task",)
 
   def __init__(self):
-    super().__init__(method="adaptive", needs_mask=False)
+    super().__init__(method="", needs_mask=False)
 
   def make_options(self, cfg: ModelConfig, options: dict) -> AdaptiveStatic:
     if "tasks" in options:
       raise ValueError("tasks= is generate's list of one tag per prompt; a request names its "
                        "own tag with task=<tag> (one of the lane's task_modes).")
-    run = adaptive.run_options(cfg, **options)
-    return AdaptiveStatic(run.opts, run.drafter_cfg)
+    opts = base.make_options(adaptive.AdaptiveOptions, {
+        k: v for k, v in options.items() if k not in ("drafter_params", "drafter_cfg")})
+    spec.check_drafter(cfg, options.get("drafter_params"), options.get("drafter_cfg"),
+                       "adaptive")
+    return AdaptiveStatic(opts, options["drafter_cfg"])
 
   def row_input(self, opts: AdaptiveStatic, options: dict) -> int:
     """The mode code the request's `task` forces (-1: none; the rule decides)."""
@@ -85,8 +89,7 @@ class AdaptiveRows(speculative_rows.DraftedRows):
     return static.drafter_cfg.mask_token_id  # the diffusion drafter's blank
 
   def check(self, cfg, tokens, valid, opts: AdaptiveStatic):
-    adaptive.check(cfg, tokens, valid,
-                   adaptive.AdaptiveRun(opts.opts, None, None, opts.drafter_cfg))
+    adaptive.AdaptiveDecoder(cfg, opts.opts, opts.drafter_cfg).check(tokens, valid)
 
   def init(self, params, cfg, static: AdaptiveStatic, traced, tokens, valid, keys, mesh=None,
            rules=None, row_inputs=None):
@@ -109,4 +112,4 @@ class AdaptiveRows(speculative_rows.DraftedRows):
     return state.response, state.n, state.done, state.finite, state.forwards
 
 
-rows.register(AdaptiveRows())
+rows.register(adaptive.AdaptiveDecoder, AdaptiveRows())

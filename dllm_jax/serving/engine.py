@@ -40,6 +40,7 @@ jitted functions; slots must divide evenly); rows never interact, so outputs are
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -47,7 +48,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from dllm_jax.decoding import api, base
+from dllm_jax.decoding import api, base, registry
+from dllm_jax.models import transformer
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.parallel import mesh as mesh_lib
 from dllm_jax.serving import lanes as lanes_lib
@@ -86,8 +88,8 @@ class Engine:
     params: model parameters.
     cfg: the model config.
     methods: a method name, or {method: options} for several lanes (each with `slots`
-      slots). Served: `rows.DECODERS` ("ar", "d2f", "block_diffusion", "fast_dllm",
-      "speculative", "selfspec", "adaptive").
+      slots); default `registry.DEFAULT_METHOD`. Served: `rows.served_methods()`, every
+      registered method with a row adapter (all but LLaDA / Dream today).
     options: the options of a single `methods` name (e.g. gen_length, block_length, tau_*).
       Speculative's and adaptive's drafter is a lane option: `drafter_params`,
       `drafter_cfg` (with drafter, draft_length, ...) go here, once; requests may not name
@@ -108,7 +110,8 @@ class Engine:
     mesh, rules: shard the slots over the mesh's data axes (see the module docstring).
   """
 
-  def __init__(self, params, cfg: ModelConfig, *, methods: str | Mapping = "ar",
+  def __init__(self, params, cfg: ModelConfig, *,
+               methods: str | Mapping = registry.DEFAULT_METHOD,
                options: Mapping | None = None, slots: int = 8, max_prompt_len: int = 64,
                prompt_buckets: Sequence[int] | None = None,
                admit_sizes: Sequence[int] | None = None, max_steps_per_run: int = 16,
@@ -148,10 +151,11 @@ class Engine:
       if self.num_slots % dp:
         raise ValueError(f"slots={self.num_slots} must be a multiple of the mesh's "
                          f"data-parallel size {dp}.")
-      self.params = base.place_params(params, cfg, mesh, self.rules)
+      self.params = mesh_lib.place_params(
+          params, functools.partial(transformer.abstract_params, cfg), mesh, self.rules)
     self.lanes: dict[str, lanes_lib.Lane] = {}
     for method, opts in methods.items():
-      if method not in rows.DECODERS:
+      if method not in registry.names() or rows.for_method(method) is None:
         raise ValueError(_method_message(method))
       self.lanes[method] = lanes_lib.Lane(self, method, dict(opts))
     self._next_id = 0
@@ -359,11 +363,12 @@ class Engine:
 
 
 def _method_message(method: str, lanes=None) -> str:
-  served = sorted(rows.DECODERS) if lanes is None else sorted(lanes)
-  if method in rows.NOT_PER_ROW:
-    return (f"method {method!r} cannot be served by the engine yet: "
-            f"{rows.NOT_PER_ROW[method]}. Served: {served}.")
-  if lanes is not None and method in rows.DECODERS:
+  served = rows.served_methods() if lanes is None else sorted(lanes)
+  known = method in registry.names()
+  if known and rows.for_method(method) is None:
+    return (f"method {method!r} cannot be served by the engine yet: its decoder has no row "
+            f"adapter (its step schedule is shared by the whole batch). Served: {served}.")
+  if lanes is not None and known:
     return (f"this engine serves {served}, not {method!r}; start the engine with "
             f"methods={{{method!r}: options, ...}}.")
   return f"unknown decoding method {method!r}; served: {served}."

@@ -114,7 +114,7 @@ class Lane:
 
   def __init__(self, engine: Engine, method: str, options: dict):
     self.engine, self.method = engine, method
-    self.decoder = rows.decoder_for(method)
+    self.decoder = rows.for_method(method)
     cfg = engine.cfg
     self.options = dict(options)
     self.opts = self.decoder.make_options(cfg, self.options)

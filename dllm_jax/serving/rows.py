@@ -32,7 +32,8 @@ the state fields a decoder names in `cache_fields`: `cache`, or speculative's an
 `tcache` and `dcache`); scalars (loop counters, traced knobs) are shared and kept. A decoder
 whose state breaks that rule overrides `row_axes`.
 
-Registered (`DECODERS`; `register` adds one, with no change to the engine):
+Served decoders (`register(decoder_class, rows)` adds one, with no change to the engine; the
+engine finds a method's adapter through `decoding.registry` and `for_method`):
   ar               `ARRows`: prefill admits a row; its cache is position-ordered, so `pad`
                    appends empty slots.
   d2f, block_diffusion
@@ -54,18 +55,19 @@ Registered (`DECODERS`; `register` adds one, with no change to the engine):
   adaptive         `adaptive_rows.AdaptiveRows`: per row and round, the drafter's block
                    committed in parallel, verified by the AR target, or plain AR; a
                    request's `task` tag (a row option) may force its mode.
-Llada and Dream share one step schedule across the batch (`NOT_PER_ROW`): not served.
+LLaDA and Dream share one step schedule across the batch: not served yet.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import ar, base, d2f, fast_dllm
+from dllm_jax.decoding import ar, base, d2f, fast_dllm, registry
 from dllm_jax.models import masks
 from dllm_jax.models.config import ModelConfig
 
@@ -115,7 +117,8 @@ def _leading_true(mask: Array) -> Array:
 
 @dataclasses.dataclass(frozen=True)
 class RowDecoder:
-  """Base of the per-row adapters (hashable: a jit static argument)."""
+  """Base of the per-row adapters (hashable: a jit static argument). `method` is the
+  registry name the adapter serves (`for_method` sets it)."""
   method: str
   needs_mask: bool
   # Options fixed per lane, given once to the engine (e.g. a second model's params); a
@@ -161,7 +164,7 @@ class ARRows(RowDecoder):
   """Autoregressive rows: prefill admits a row, one token per forward."""
 
   def __init__(self):
-    super().__init__(method="ar", needs_mask=False)
+    super().__init__(method="", needs_mask=False)
 
   def make_options(self, cfg: ModelConfig, options: dict):
     return base.make_options(ar.AROptions, options)
@@ -195,21 +198,20 @@ class ARRows(RowDecoder):
 class D2FRows(RowDecoder):
   """D2F / block-diffusion rows: the first forward (prompt + block 0) admits a row."""
 
-  def __init__(self, method: str):
-    super().__init__(method=method, needs_mask=True)
+  def __init__(self):
+    super().__init__(method="", needs_mask=True)
 
   def make_options(self, cfg: ModelConfig, options: dict):
-    build = d2f.d2f_options if self.method == "d2f" else d2f.block_diffusion_options
-    return build(cfg, **options)
+    return registry.get(self.method).plan(cfg, **options)
 
-  def split(self, opts):
-    return opts.spec, opts.limits
+  def split(self, plan):
+    return plan.decoder.opts, plan.traced
 
   def gen_length(self, static) -> int:
     return static.gen_length
 
-  def check(self, cfg, tokens, valid, opts):
-    d2f.check(cfg, tokens, valid, opts)
+  def check(self, cfg, tokens, valid, plan):
+    plan.decoder.check(tokens, valid)
 
   def init(self, params, cfg, static, traced, tokens, valid, keys, mesh=None, rules=None):
     kw = {} if mesh is None else dict(mesh=mesh, rules=rules)
@@ -257,7 +259,7 @@ class FastDLLMRows(RowDecoder):
   its all-masked canvas and no forward yet (its first step is its block-0 refresh)."""
 
   def __init__(self):
-    super().__init__(method="fast_dllm", needs_mask=True)
+    super().__init__(method="", needs_mask=True)
 
   def make_options(self, cfg: ModelConfig, options: dict):
     if cfg.mask_token_id is None:
@@ -308,22 +310,34 @@ class FastDLLMRows(RowDecoder):
             state.forwards)
 
 
-DECODERS: dict[str, RowDecoder] = {}
+SERVED: dict[type, RowDecoder] = {}
 
 
-def register(decoder: RowDecoder) -> None:
-  """Makes `decoder.method` servable by every engine built afterwards."""
-  DECODERS[decoder.method] = decoder
+def register(decoder_class: type, rows: RowDecoder) -> None:
+  """Makes the methods whose decoder is `decoder_class` servable by every engine built
+  afterwards, through the adapter `rows`."""
+  SERVED[decoder_class] = rows
 
 
-for _decoder in (ARRows(), D2FRows("d2f"), D2FRows("block_diffusion"), FastDLLMRows()):
-  register(_decoder)
+def for_method(method: str) -> RowDecoder | None:
+  """The adapter serving `method` (a registry name), or None where it cannot be served."""
+  rows = SERVED.get(registry.get(method))
+  if rows is None:
+    return None
+  rows = copy.copy(rows)
+  object.__setattr__(rows, "method", method)
+  return rows
 
-# Methods `generate` knows but the engine cannot serve yet, and why.
-NOT_PER_ROW = {
-    "llada": "its step schedule is shared by the whole batch",
-    "dream": "its step schedule is shared by the whole batch",
-}
+
+def served_methods() -> list[str]:
+  """The registered methods an engine can serve."""
+  return sorted(m for m in registry.names() if registry.get(m) in SERVED)
+
+
+register(ar.ARDecoder, ARRows())
+register(d2f.D2FDecoder, D2FRows())
+register(d2f.BlockDiffusionDecoder, D2FRows())
+register(fast_dllm.FastDLLMDecoder, FastDLLMRows())
 
 
 def scatter_rows(decoder: RowDecoder, state, new, slots: Array):
@@ -352,10 +366,6 @@ def empty_like(shapes, decoder: RowDecoder, traced):
   state = jax.tree_util.tree_map(make, shapes)
   state = decoder.with_traced(state, jax.tree_util.tree_map(jnp.asarray, traced))
   return state.replace(done=jnp.ones_like(state.done), finite=jnp.ones_like(state.finite))
-
-
-def decoder_for(method: str) -> RowDecoder:
-  return DECODERS[method]
 
 
 def numpy_rows(x) -> np.ndarray:

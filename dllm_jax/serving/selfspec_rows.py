@@ -35,7 +35,7 @@ class SelfSpecRows(rows.RowDecoder):
   """Self-speculative rows: round 0 admits a row; one round (one forward) a step."""
 
   def __init__(self):
-    super().__init__(method="selfspec", needs_mask=True)
+    super().__init__(method="", needs_mask=True)
 
   def make_options(self, cfg: ModelConfig, options: dict) -> selfspec.SelfSpecOptions:
     selfspec.check_model(cfg)
@@ -87,4 +87,4 @@ def _prompt_width(p: int, opts: selfspec.SelfSpecOptions) -> int:
   return max(p, selfspec._capacity(p, opts) - opts.gen_length)
 
 
-rows.register(SelfSpecRows())
+rows.register(selfspec.SelfSpecDecoder, SelfSpecRows())

@@ -35,13 +35,16 @@ two caches, their re-padding and window check.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
 from dllm_jax.decoding import base
 from dllm_jax.decoding import speculative as spec
+from dllm_jax.models import transformer
 from dllm_jax.models.config import ModelConfig
+from dllm_jax.parallel import mesh as mesh_lib
 from dllm_jax.serving import rows
 
 
@@ -78,7 +81,9 @@ class DraftedRows(rows.RowDecoder):
   def lane_params(self, params, cfg: ModelConfig, static, options: dict, mesh, rules):
     drafter = options["drafter_params"]
     if mesh is not None:
-      drafter = base.place_params(drafter, static.drafter_cfg, mesh, rules)
+      drafter = mesh_lib.place_params(
+          drafter, functools.partial(transformer.abstract_params, static.drafter_cfg), mesh,
+          rules)
     return params, drafter
 
   def gen_length(self, static) -> int:
@@ -102,12 +107,11 @@ class SpeculativeRows(DraftedRows):
   """Speculative rows: round 0 (draft + verifying prefill) admits a row; one round a step."""
 
   def __init__(self):
-    super().__init__(method="speculative", needs_mask=False)
+    super().__init__(method="", needs_mask=False)
 
   def make_options(self, cfg: ModelConfig, options: dict) -> SpecStatic:
-    options = dict(options)
-    run = spec.run_options(cfg, **options)
-    return SpecStatic(run.opts, run.drafter_cfg)
+    decoder = spec.SpeculativeDecoder.plan(cfg, **options).decoder
+    return SpecStatic(decoder.opts, decoder.drafter_cfg)
 
   def drafter_capacity(self, static: SpecStatic, prompt_len: int) -> int:
     return spec._drafter_capacity(prompt_len, static.opts)
@@ -120,7 +124,7 @@ class SpeculativeRows(DraftedRows):
     return None if static.opts.drafter == "ar" else static.drafter_cfg.mask_token_id
 
   def check(self, cfg, tokens, valid, opts: SpecStatic):
-    spec.check(cfg, tokens, valid, spec.SpecRun(opts.opts, None, opts.drafter_cfg))
+    spec.SpeculativeDecoder(cfg, opts.opts, opts.drafter_cfg).check(tokens, valid)
 
   def init(self, params, cfg, static: SpecStatic, traced, tokens, valid, keys, mesh=None,
            rules=None):
@@ -143,4 +147,4 @@ class SpeculativeRows(DraftedRows):
     return state.response, state.n, state.done, state.finite, nfe
 
 
-rows.register(SpeculativeRows())
+rows.register(spec.SpeculativeDecoder, SpeculativeRows())

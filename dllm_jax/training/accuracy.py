@@ -17,6 +17,7 @@ from jax.experimental import multihost_utils
 
 from dllm_jax.data.sources import record_to_example
 from dllm_jax.decoding import api as decode_api
+from dllm_jax.decoding import registry
 from dllm_jax.training import data as data_lib
 
 
@@ -32,7 +33,7 @@ def decode_options(config, layout) -> dict:
 
 def check_decode_config(config, layout) -> None:
   """Unknown methods or options fail here, before training starts."""
-  decode_api.resolve(config.decode.method)
+  registry.check(config.decode.method)
   decode_api.check_options(config.decode.method, decode_options(config, layout))
 
 

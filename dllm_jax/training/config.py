@@ -112,7 +112,7 @@ def base_config() -> config_dict.ConfigDict:
   c.mesh.rules = tuple(axes_lib.DEFAULT_RULES)
 
   c.decode = config_dict.ConfigDict()
-  c.decode.method = "ar"               # a dllm_jax.decoding.api.METHODS name
+  c.decode.method = "ar"               # a dllm_jax.decoding.registry name
   c.decode.options = config_dict.ConfigDict()  # the method's options; gen_length defaults
                                                # to the answer region of data rows
   c.decode.eval_examples = 0           # test prompts decoded and scored per eval (0 = off)

@@ -1,0 +1,271 @@
+"""The decoder protocol: one object per method, behind every driver.
+
+Shape legend: B batch, P padded prompt length, G gen_length.
+
+A decoder is a frozen, hashable dataclass holding the model config and the method's
+*static* options (shapes and program structure: a jit static argument). `Decoder.plan(cfg,
+**options)` checks the user's options (a ValueError naming the fix) and returns a `Plan`:
+the decoder, its *traced* options (a pytree of [] arrays riding in the state, so sweeping them
+never recompiles) and, for the hybrids, the drafter's params. The drivers written once over
+this interface are `api.generate` (one jitted `lax.while_loop`), `streaming.stream` (one
+jitted step per event), `data_parallel.decode` (one loop per data shard) and, through
+`serving.rows`, the serving lanes.
+
+    plan = registry.get("d2f").plan(cfg, gen_length=64, tau_conf=0.8)
+    plan.decoder.check(tokens, valid)                  # host-side prompt checks
+    params = plan.params(params)                       # hybrids: (target, drafter)
+    state = plan.decoder.init(params, tokens, valid, rng, plan.traced)
+    while plan.decoder.running(state):
+      state = plan.decoder.step(params, state)
+    out = plan.decoder.output(state)                   # a base.DecodeOutput
+
+The interface every decoder provides (all but `check` are traceable):
+
+  init(params, tokens [B, P], valid [B, P], rng, traced, row_inputs=None) -> state
+  step(params, state) -> state                   one loop iteration (one forward, or a
+                                                 hybrid's round: its drafter forwards + one
+                                                 verifying forward)
+  done(state) -> [B] bool                        the row's answer is final
+  running(state) -> [] bool                      the while_loop condition
+  view(state) -> ([B, G] response, [B, G] bool decided)   the committed-so-far view
+  output(state) -> DecodeOutput
+  with_offset(traced, offset) -> traced          row r draws its keys as global row
+                                                 offset + r (a data shard's rows)
+  abstract_params() -> the params' abstract tree (what `plan.params` returns, as shapes)
+
+and as class attributes: `name` (set by `registry.register`), `init_forwards` (the init
+already runs a forward, so a stream's first event comes before any step), `uses_drafter`
+(the hybrids that take drafter_params / drafter_cfg), `row_options` (options with one entry
+per prompt, such as adaptive's task tags) and `options` (the options dataclass whose fields
+are the option names; or override `option_names`).
+
+Adding a decoder is one class and one `registry.register` call
+(docs/adding_a_decoder.md walks through one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dllm_jax.decoding import base, registry
+from dllm_jax.models.config import ModelConfig
+
+Array = jnp.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """A checked decode: the decoder (static), its traced options, a hybrid's drafter params
+  and per-row inputs (adaptive's forced modes, [B] int32, or None)."""
+  decoder: "Decoder"
+  traced: Any
+  drafter_params: Any = None
+  row_inputs: Any = None
+
+  def params(self, params):
+    """What the decoder's `init` / `step` take: `params`, or (params, drafter) for hybrids."""
+    return (params, self.drafter_params) if self.decoder.uses_drafter else params
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoder:
+  """Base of every decoder: the model config and the static options (hashable)."""
+  cfg: ModelConfig
+  opts: Any
+
+  name: ClassVar[str] = ""
+  options: ClassVar[type | None] = None
+  defaults: ClassVar[dict] = {}
+  init_forwards: ClassVar[bool] = False
+  uses_drafter: ClassVar[bool] = False
+  row_options: ClassVar[tuple[str, ...]] = ()
+
+  # --------------------------------------------------------------- building (host side)
+
+  @classmethod
+  def option_names(cls) -> tuple[str, ...]:
+    """The options `plan` accepts (besides on_nonfinite, which the drivers own)."""
+    return tuple(f.name for f in dataclasses.fields(cls.options))
+
+  @classmethod
+  def plan(cls, cfg: ModelConfig, **options) -> Plan:
+    """Checks `options` and splits them into the static decoder and the traced knobs."""
+    static, traced = base.make_options(cls.options, {**cls.defaults, **options}).split()
+    return Plan(cls(cfg, static), traced)
+
+  @classmethod
+  def run_defaults(cls, block: int) -> dict:
+    """Options a training run whose data uses `block`-slot blocks gives this method."""
+    del block
+    return {}
+
+  @property
+  def gen_length(self) -> int:
+    return self.opts.gen_length
+
+  def check(self, tokens, valid) -> None:
+    """Raises ValueError naming the fix when the prompt batch does not fit the options."""
+    base.check_prompts(self.cfg, tokens, valid, self.gen_length)
+
+  # --------------------------------------------------------------- the loop (traceable)
+
+  def init(self, params, tokens, valid, rng, traced, row_inputs=None):
+    raise NotImplementedError
+
+  def step(self, params, state):
+    raise NotImplementedError
+
+  def done(self, state) -> Array:
+    return state.done
+
+  def running(self, state) -> Array:
+    raise NotImplementedError
+
+  def view(self, state) -> tuple[Array, Array]:
+    raise NotImplementedError
+
+  def output(self, state) -> base.DecodeOutput:
+    raise NotImplementedError
+
+  def loop(self, params, state):
+    """Runs `step` while `running` (one `lax.while_loop`; a decoder may split it)."""
+    return jax.lax.while_loop(self.running, functools.partial(self.step, params), state)
+
+  def decode(self, params, tokens, valid, rng, traced, row_inputs=None,
+             with_stats: bool = False):
+    """init, loop, output (and `stats`): what `run` compiles (a decoder may take a
+    shortcut)."""
+    state = self.loop(params, self.init(params, tokens, valid, rng, traced, row_inputs))
+    return (self.output(state), self.stats(state)) if with_stats else self.output(state)
+
+  def stats(self, state):
+    """The method's own record of a finished decode (the hybrids' forward counts and
+    acceptance); `*_generate(..., return_stats=True)` returns it."""
+    raise ValueError(f"method {self.name!r} keeps no stats beyond its DecodeOutput.")
+
+  def with_offset(self, traced, offset):
+    return dict(traced, row_offset=offset)
+
+  def abstract_params(self):
+    from dllm_jax.models.transformer import abstract_params  # pylint: disable=import-outside-toplevel
+    return abstract_params(self.cfg)
+
+  def on_mesh(self, mesh, rules) -> "Decoder":
+    """The decoder to run as one SPMD program on `mesh` (default: itself; a decoder that
+    pins its state's sharding returns a copy that knows the mesh)."""
+    del mesh, rules
+    return self
+
+
+class LoopDecoder(Decoder):
+  """A decoder whose module holds the loop functions in the shared shape
+  (`init_state(params, cfg, opts, tokens, valid, rng, knobs)`, `step(params, cfg, opts,
+  state)`, `running(opts, state)`, `response_view(cfg, opts, state)`, `finish(cfg, opts,
+  state)`, `check(cfg, tokens, valid, opts)`): AR, LLaDA / Dream, Fast-dLLM."""
+  module: ClassVar[Any] = None
+
+  @classmethod
+  def from_options(cls, cfg: ModelConfig, opts) -> Plan:
+    """The plan of an options dataclass already built (its static part and knobs)."""
+    static, traced = opts.split()
+    return Plan(cls(cfg, static), traced)
+
+  def check(self, tokens, valid) -> None:
+    self.module.check(self.cfg, tokens, valid, self.opts)
+
+  def init(self, params, tokens, valid, rng, traced, row_inputs=None):
+    return self.module.init_state(params, self.cfg, self.opts, tokens, valid, rng, traced)
+
+  def step(self, params, state):
+    return self.module.step(params, self.cfg, self.opts, state)
+
+  def running(self, state) -> Array:
+    return self.module.running(self.opts, state)
+
+  def view(self, state):
+    return self.module.response_view(self.cfg, self.opts, state)
+
+  def output(self, state) -> base.DecodeOutput:
+    return self.module.finish(self.cfg, self.opts, state)
+
+
+# Old option names -> the shared name (rejected with a message naming the new one).
+RENAMED = {"block_size": "block_length"}
+
+
+def option_names(method: str) -> list[str]:
+  """The options `method` accepts (its decoder's options, plus on_nonfinite)."""
+  return list(registry.get(method).option_names()) + ["on_nonfinite"]
+
+
+def check_options(method: str, options: dict) -> None:
+  """Raises ValueError naming unknown options and listing the valid ones."""
+  valid = option_names(method)
+  for old, new in RENAMED.items():
+    if old in options and new in valid:
+      raise ValueError(f"option {old}={options[old]!r}: the option is called {new} (the same "
+                       f"name in every decoding method); pass {new} instead.")
+  unknown = sorted(set(options) - set(valid))
+  if unknown:
+    raise ValueError(f"Unknown option(s) {unknown} for method {method!r}; valid options: "
+                     f"{sorted(valid)}.")
+
+
+def plan(method: str, cfg: ModelConfig, options: dict) -> Plan:
+  """The checked `protocol.Plan` of `method` with `options` (on_nonfinite left out)."""
+  check_options(method, options)
+  options = {k: v for k, v in options.items() if k != "on_nonfinite"}
+  return registry.get(method).plan(cfg, **options)
+
+
+# ----------------------------------------------------------------------------- programs
+
+@functools.partial(jax.jit, static_argnames=("decoder", "with_stats"))
+def run(params, tokens, valid, rng, traced, row_inputs=None, *, decoder: Decoder,
+        with_stats: bool = False):
+  """The whole decode as one program: init, `lax.while_loop(running, step)`, output."""
+  return decoder.decode(params, tokens, valid, rng, traced, row_inputs, with_stats)
+
+
+@functools.partial(jax.jit, static_argnames=("decoder",))
+def jit_init(params, tokens, valid, rng, traced, row_inputs=None, *, decoder: Decoder):
+  return decoder.init(params, tokens, valid, rng, traced, row_inputs)
+
+
+@functools.partial(jax.jit, static_argnames=("decoder",), donate_argnames=("state",))
+def jit_step(params, state, *, decoder: Decoder):
+  return decoder.step(params, state)
+
+
+def check_row_inputs(plan: Plan, batch: int) -> None:
+  """Raises ValueError unless the plan's per-row inputs (adaptive's task tags) have one
+  entry per prompt."""
+  if plan.row_inputs is not None and len(plan.row_inputs) != batch:
+    names = " / ".join(plan.decoder.row_options)
+    raise ValueError(f"{names} has {len(plan.row_inputs)} entries for {batch} prompts; pass "
+                     "one per prompt.")
+
+
+def decode_batch(decoder_cls, params, cfg: ModelConfig, prompt_tokens, prompt_valid=None,
+                 rng=None, *, on_nonfinite: str = "raise", with_stats: bool = False,
+                 **options):
+  """One decode of a left-padded batch on one device: what each method's `*_generate`
+  function runs (`api.generate` adds buckets and meshes). Returns the DecodeOutput, and the
+  decoder's `stats` too when `with_stats`."""
+  base.check_on_nonfinite(on_nonfinite)
+  plan = decoder_cls.plan(cfg, **options)
+  plan.decoder.check(prompt_tokens, prompt_valid)
+  check_row_inputs(plan, np.shape(prompt_tokens)[0])
+  rng = jax.random.key(0) if rng is None else rng
+  tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
+  out = run(plan.params(params), tokens, valid, rng, plan.traced, plan.row_inputs,
+            decoder=plan.decoder, with_stats=with_stats)
+  if with_stats:
+    return base.raise_if_nonfinite(out[0], on_nonfinite), out[1]
+  return base.raise_if_nonfinite(out, on_nonfinite)
