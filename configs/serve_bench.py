@@ -1,5 +1,5 @@
 """Serving benchmark: the continuous-batching engine against static batching
-(see `dllm_jax.study.serve_bench`).
+(see `studylib.serve_bench`).
 
   python experiments/serve_bench.py                          # runs/serve_bench
   python experiments/serve_bench.py --config.concurrency='(16,)' --config.num_requests=96

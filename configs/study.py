@@ -84,7 +84,7 @@ The hybrids decode with the AR model as target (`model`) and the D2F student as 
     it, or decode AR, by the rule and thresholds of configs/adaptive.py; on a mixed suite
     also with task tags (`task_tags`: each prompt's task name is its row's tag). The tag ->
     mode map is not written here: the study fits it before decoding (`calibrate`,
-    dllm_jax/study/calibration.py) on `eval.calibration_prompts` eval-split records after
+    experiments/studylib/calibration.py) on `eval.calibration_prompts` eval-split records after
     the evaluation prompts, giving each task the fastest of parallel / verify / AR whose
     accuracy there is within `eval.calibration_tolerance` of AR's.
 """
@@ -163,7 +163,7 @@ def _adaptive(tasks: str, k: int, tags: bool):
   """An adaptive cell: the AR model as target, the D2F student as drafter, the rule's
   thresholds from configs/adaptive.py; with `tags`, each row's task name is its tag and the
   tag -> mode map is fitted by the study on the calibration split (`calibrate`:
-  dllm_jax/study/calibration.py), never on the evaluation prompts."""
+  experiments/studylib/calibration.py), never on the evaluation prompts."""
   rule = _load("adaptive").decode
   options = {"draft_length": k, "draft_steps": rule.draft_steps,
              "parallel_confidence": rule.parallel_confidence,
@@ -331,10 +331,10 @@ def get_config(mode: str = ""):
   c.eval.headline_task = HEADLINE[mode]
   c.eval.llada_vanilla_label = "llada steps=G"
   # GB/s for AR's weight-streaming bound; 0 = nominal peak of a known accelerator, or a
-  # measured copy on a CPU (dllm_jax.study.roofline).
+  # measured copy on a CPU (studylib.roofline).
   c.eval.memory_bandwidth_gbps = 0.0
   # Timing on a shared machine: cells are timed round-robin batch by batch, and each batch is
-  # decoded this many times in a row, its fastest wall time counting (study/runner.py).
+  # decoded this many times in a row, its fastest wall time counting (studylib/runner.py).
   c.eval.timing_repeats = 3 if mode in ("", "long") else 5
   # The calibration split of the task-tagged adaptive cells: eval-split records after the
   # evaluation prompts; a task's mode must match AR's accuracy there within this tolerance.

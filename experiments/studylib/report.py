@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dllm_jax.study.accounting import MethodResult
+from studylib.accounting import MethodResult
 
 
 def markdown_table(results: Sequence[MethodResult], *, baseline: str | None = None) -> str:
