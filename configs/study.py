@@ -36,8 +36,8 @@ Modes:
          A compact grid (DEFAULT_CELLS); the task-tagged adaptive cell's tag -> mode map is
          fitted on a calibration split (below).
   short  two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16): the regime where
-         AR needs ~3.5 forwards and parallel decoding has little to save (the default mode
-         until 2026-12-02). The MDM starts from the trained AR model with Dream's shifted
+         AR needs ~3.5 forwards and parallel decoding has little to save (the former
+         default mode). The MDM starts from the trained AR model with Dream's shifted
          logits: its masked-token eval accuracy is 97.9% after 500 steps and 98.7% after
          1000, where the from-scratch MDM reached 95.1% after 3000 (BENCHMARKS.md section
          1b). The accelerated AR baseline's narrow drafter `ar_draft` trains here too.
@@ -239,8 +239,8 @@ WITH_DRAFTER = ("", "short")  # modes that train ar_draft and time the accelerat
 # target): `bd_draft`, the narrow network of `ar_draft` trained with the block-diffusion
 # objective at the student's block, starting from the trained `ar_draft` (AR-to-diffusion
 # adaptation, as the MDM from the AR model), with the MDM's recipe and steps. Over half of a
-# speculative round of the full-width D2F student is its drafter's forward on a 2-core CPU
-# host; the narrow drafter's forward costs a fraction of it (BENCHMARKS.md section 1).
+# speculative round of the full-width D2F student is its drafter's forward on a CPU; the
+# narrow drafter's forward costs a fraction of it (BENCHMARKS.md section 1).
 # Trained from scratch for the same steps it drafts far worse (21 against 10 forwards a
 # long-addition prompt at k = 8), and with 800 steps from `ar_draft` too (14).
 WITH_BD_DRAFTER = ("",)
@@ -250,7 +250,7 @@ TRADEOFF = {
     "draft_lengths": (2, ACCELERATED_AR_K),
     # MDMs trained with each alpha(t), same data, steps, seed and start (the default MDM's:
     # the AR model, when mdm_from_ar): 500 steps each (not the default MDM's 1000, so that
-    # the three fit the mode's 20-minute budget on a busy 2-core machine).
+    # the three fit the mode's 20-minute budget).
     "train_schedules": ("linear", "cosine", "polynomial"),
     "train_schedule_steps": 500,
     "steps_divisors": (1, 2, 4, 8, 16),              # steps per block k / d
