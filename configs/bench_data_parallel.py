@@ -1,6 +1,6 @@
 """Data-parallel decode benchmark: shard_map (one loop per data shard) vs SPMD (one loop over
 the batch) on 8 fake CPU devices, one long row and seven short ones
-(see `dllm_jax.study.dp_bench`).
+(see `studylib.dp_bench`).
 
   python experiments/bench_data_parallel.py
   python experiments/bench_data_parallel.py --config.repeats=3 --config.methods='("ar",)'

@@ -1,5 +1,5 @@
 """Decode benchmark: D2F's fitted forward window against the full one, beside AR, LLaDA and
-Fast-dLLM (see `dllm_jax.study.decode_bench`).
+Fast-dLLM (see `studylib.decode_bench`).
 
   python experiments/bench_decode.py                 # this config, runs/bench_decode
   python experiments/bench_decode.py --config.repeats=3 --config.batches='(1,)'

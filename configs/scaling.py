@@ -5,7 +5,7 @@
   python experiments/scaling.py --config configs/scaling.py:1b --workdir runs/scaling_1b
 
 Random-weight models without stop ids, every decoder at one token per forward; see
-`dllm_jax.study.scaling`. The default sweep fits a few minutes on a 2-core CPU: the width
+`studylib.scaling`. The default sweep fits a few minutes on a 2-core CPU: the width
 line runs at G=64, and cells whose estimated compute exceeds `max_cell_tflop` are skipped
 (and listed as skipped). `full` is the whole grid for an accelerator, with no cap. `1b` is
 only its weight-streaming point: AR, Fast-dLLM (dual cache) and D2F at batch 1 and G = 256
@@ -53,7 +53,7 @@ def get_config(mode: str = "cpu"):
   # Skip cells whose estimated compute per decode exceeds this many TFLOP (0: no cap).
   c.max_cell_tflop = 0.0 if full else 0.5
   # Memory bandwidth for the weight-streaming bound, GB/s; 0 = the nominal peak of a known
-  # accelerator, or a measured copy on a CPU (dllm_jax.study.roofline).
+  # accelerator, or a measured copy on a CPU (studylib.roofline).
   c.memory_bandwidth_gbps = 0.0
   # Parameter and compute dtype of the random-weight models (bf16 as served on accelerators).
   c.dtype = "bfloat16" if full else "float32"

@@ -1,5 +1,5 @@
 """Serving benchmark: the continuous-batching engine against static batching
-(see `dllm_jax.study.serve_bench`).
+(see `studylib.serve_bench`).
 
   python experiments/serve_bench.py                          # runs/serve_bench
   python experiments/serve_bench.py --config.concurrency='(16,)' --config.num_requests=96
@@ -41,7 +41,8 @@ def get_config():
   c.d2f_taus = (("tau_add", 0.1), ("tau_act", 0.95), ("tau_conf", 0.9))
   # Blocks in flight per D2F row (None: no bound, the reference). A slot batch mixes rows at
   # every stage, so its fitted window is the widest row's: with no bound that is most of the
-  # response every step (engine 1.41x static at concurrency 16 on this CPU, vs 1.70x at 2).
+  # response every step, and the engine gains less over static batching than with a bound
+  # of 2 (BENCHMARKS.md, the serving benchmark).
   c.d2f_max_active_blocks = 2
   # The hybrids (methods "speculative", "selfspec", "adaptive"): tokens drafted per round,
   # and adaptive's task tag -> mode map (each request's tag is its task's name).

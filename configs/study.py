@@ -36,8 +36,8 @@ Modes:
          A compact grid (DEFAULT_CELLS); the task-tagged adaptive cell's tag -> mode map is
          fitted on a calibration split (below).
   short  two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16): the regime where
-         AR needs ~3.5 forwards and parallel decoding has little to save (the default mode
-         until 2026-12-02). The MDM starts from the trained AR model with Dream's shifted
+         AR needs ~3.5 forwards and parallel decoding has little to save (the former
+         default mode). The MDM starts from the trained AR model with Dream's shifted
          logits: its masked-token eval accuracy is 97.9% after 500 steps and 98.7% after
          1000, where the from-scratch MDM reached 95.1% after 3000 (BENCHMARKS.md section
          1b). The accelerated AR baseline's narrow drafter `ar_draft` trains here too.
@@ -84,7 +84,7 @@ The hybrids decode with the AR model as target (`model`) and the D2F student as 
     it, or decode AR, by the rule and thresholds of configs/adaptive.py; on a mixed suite
     also with task tags (`task_tags`: each prompt's task name is its row's tag). The tag ->
     mode map is not written here: the study fits it before decoding (`calibrate`,
-    dllm_jax/study/calibration.py) on `eval.calibration_prompts` eval-split records after
+    experiments/studylib/calibration.py) on `eval.calibration_prompts` eval-split records after
     the evaluation prompts, giving each task the fastest of parallel / verify / AR whose
     accuracy there is within `eval.calibration_tolerance` of AR's.
 """
@@ -163,7 +163,7 @@ def _adaptive(tasks: str, k: int, tags: bool):
   """An adaptive cell: the AR model as target, the D2F student as drafter, the rule's
   thresholds from configs/adaptive.py; with `tags`, each row's task name is its tag and the
   tag -> mode map is fitted by the study on the calibration split (`calibrate`:
-  dllm_jax/study/calibration.py), never on the evaluation prompts."""
+  experiments/studylib/calibration.py), never on the evaluation prompts."""
   rule = _load("adaptive").decode
   options = {"draft_length": k, "draft_steps": rule.draft_steps,
              "parallel_confidence": rule.parallel_confidence,
@@ -239,8 +239,8 @@ WITH_DRAFTER = ("", "short")  # modes that train ar_draft and time the accelerat
 # target): `bd_draft`, the narrow network of `ar_draft` trained with the block-diffusion
 # objective at the student's block, starting from the trained `ar_draft` (AR-to-diffusion
 # adaptation, as the MDM from the AR model), with the MDM's recipe and steps. Over half of a
-# speculative round of the full-width D2F student is its drafter's forward on a 2-core CPU
-# host; the narrow drafter's forward costs a fraction of it (BENCHMARKS.md section 1).
+# speculative round of the full-width D2F student is its drafter's forward on a CPU; the
+# narrow drafter's forward costs a fraction of it (BENCHMARKS.md section 1).
 # Trained from scratch for the same steps it drafts far worse (21 against 10 forwards a
 # long-addition prompt at k = 8), and with 800 steps from `ar_draft` too (14).
 WITH_BD_DRAFTER = ("",)
@@ -250,7 +250,7 @@ TRADEOFF = {
     "draft_lengths": (2, ACCELERATED_AR_K),
     # MDMs trained with each alpha(t), same data, steps, seed and start (the default MDM's:
     # the AR model, when mdm_from_ar): 500 steps each (not the default MDM's 1000, so that
-    # the three fit the mode's 20-minute budget on a busy 2-core machine).
+    # the three fit the mode's 20-minute budget).
     "train_schedules": ("linear", "cosine", "polynomial"),
     "train_schedule_steps": 500,
     "steps_divisors": (1, 2, 4, 8, 16),              # steps per block k / d
@@ -331,10 +331,10 @@ def get_config(mode: str = ""):
   c.eval.headline_task = HEADLINE[mode]
   c.eval.llada_vanilla_label = "llada steps=G"
   # GB/s for AR's weight-streaming bound; 0 = nominal peak of a known accelerator, or a
-  # measured copy on a CPU (dllm_jax.study.roofline).
+  # measured copy on a CPU (studylib.roofline).
   c.eval.memory_bandwidth_gbps = 0.0
   # Timing on a shared machine: cells are timed round-robin batch by batch, and each batch is
-  # decoded this many times in a row, its fastest wall time counting (study/runner.py).
+  # decoded this many times in a row, its fastest wall time counting (studylib/runner.py).
   c.eval.timing_repeats = 3 if mode in ("", "long") else 5
   # The calibration split of the task-tagged adaptive cells: eval-split records after the
   # evaluation prompts; a task's mode must match AR's accuracy there within this tolerance.

@@ -5,7 +5,10 @@ The subpackages load on first use (PEP 562), so `import dllm_jax` stays cheap:
   dllm_jax.models       config, transformer, K/V cache      dllm_jax.parallel   meshes, sharding
   dllm_jax.diffusion    schedules, corruption, losses       dllm_jax.data       tasks, tokenizers
   dllm_jax.decoding     AR, LLaDA, Fast-dLLM, D2F decoders  dllm_jax.training   trainer, checkpoints
-  dllm_jax.checkpoints  HF / converted checkpoints          dllm_jax.study      speed/quality study
+  dllm_jax.checkpoints  HF / converted checkpoints
+
+The speed/quality study is not part of the library: its modules live beside its scripts, in
+experiments/studylib.
 """
 
 from __future__ import annotations
@@ -13,8 +16,7 @@ from __future__ import annotations
 import importlib
 from importlib import metadata
 
-SUBPACKAGES = ("checkpoints", "data", "decoding", "diffusion", "models", "parallel", "study",
-               "training")
+SUBPACKAGES = ("checkpoints", "data", "decoding", "diffusion", "models", "parallel", "training")
 
 try:
   __version__ = metadata.version("dllm_jax")

@@ -12,8 +12,8 @@ the script with one line saying so (exit 1), where ml_collections would print a 
 (INFO) orbax logs every checkpoint read and write, about 170 lines in a study run.
 
 The configs import no JAX, and the scripts import the package's JAX modules inside `main`, so
-a bad flag, config file or override is reported in about a second, before JAX loads (~6-9 s
-on a 2-core CPU host).
+a bad flag, config file or override is reported in about a second, before JAX loads (which
+takes several seconds).
 """
 
 from __future__ import annotations

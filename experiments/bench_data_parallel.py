@@ -1,4 +1,4 @@
-"""Data-parallel decode benchmark: a thin shell around `dllm_jax.study.dp_bench.run`.
+"""Data-parallel decode benchmark: a thin shell around `studylib.dp_bench.run`.
 
   python experiments/bench_data_parallel.py   # 8 fake CPU devices, writes runs/bench_data_parallel
 
@@ -25,7 +25,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   # pylint: disable=import-outside-toplevel  (JAX loads after the flags: _config_args)
-  from dllm_jax.study import dp_bench
+  from studylib import dp_bench
   dp_bench.run(_CONFIG.value, _WORKDIR.value)
 
 

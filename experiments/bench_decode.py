@@ -1,4 +1,4 @@
-"""Decode benchmark: a thin shell around `dllm_jax.study.decode_bench.run`.
+"""Decode benchmark: a thin shell around `studylib.decode_bench.run`.
 
   python experiments/bench_decode.py   # = --config configs/bench_decode.py --workdir runs/bench_decode
 
@@ -19,7 +19,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   # pylint: disable=import-outside-toplevel  (JAX loads after the flags: _config_args)
-  from dllm_jax.study import decode_bench
+  from studylib import decode_bench
   decode_bench.run(_CONFIG.value, _WORKDIR.value)
 
 

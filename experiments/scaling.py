@@ -1,4 +1,4 @@
-"""Scaling mode of the speed study: a thin shell around `dllm_jax.study.scaling.run`.
+"""Scaling mode of the speed study: a thin shell around `studylib.scaling.run`.
 
   python experiments/scaling.py      # = --config configs/scaling.py --workdir runs/scaling
   python experiments/scaling.py --config configs/scaling.py:full --workdir runs/scaling_full
@@ -22,7 +22,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   # pylint: disable=import-outside-toplevel  (JAX loads after the flags: _config_args)
-  from dllm_jax.study import scaling
+  from studylib import scaling
   scaling.run(_CONFIG.value, _WORKDIR.value)
 
 

@@ -1,4 +1,4 @@
-"""Serving benchmark: a thin shell around `dllm_jax.study.serve_bench.run`.
+"""Serving benchmark: a thin shell around `studylib.serve_bench.run`.
 
   python experiments/serve_bench.py   # = --config configs/serve_bench.py --workdir runs/serve_bench
 
@@ -19,7 +19,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   # pylint: disable=import-outside-toplevel  (JAX loads after the flags: _config_args)
-  from dllm_jax.study import serve_bench
+  from studylib import serve_bench
   serve_bench.run(_CONFIG.value, _WORKDIR.value)
 
 

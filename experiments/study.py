@@ -13,16 +13,16 @@ held-out prompts with every decoder, and write a table, a JSON file and a Pareto
 `:long`, `:full` and `:tradeoff`. The workdir defaults to runs/study (the default mode) or
 runs/study_<mode> (the trade-off mode shares runs/study_short: it loads the short mode's
 models); rerunning reuses the trained models cached there (as orbax checkpoints) and the TFDS
-data files under <workdir>/data. The printed and stored verdict (dllm_jax/study/verdict.py)
+data files under <workdir>/data. The printed and stored verdict (experiments/studylib/verdict.py)
 names every claim. Compiled programs are cached under <workdir>/xla_cache
-(dllm_jax/study/compile_cache.py), so a rerun loads them instead of compiling again.
+(experiments/studylib/compile_cache.py), so a rerun loads them instead of compiling again.
 """
 
 import sys
 
 from absl import app, flags
 
-from dllm_jax.study import modes
+from studylib import modes
 
 import _config_args  # experiments/_config_args.py: --config found from any directory
 
@@ -41,7 +41,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   # pylint: disable=import-outside-toplevel  (JAX loads after the flags: _config_args)
-  from dllm_jax.study import compile_cache, study
+  from studylib import compile_cache, study
   from dllm_jax.training.checkpoint import CheckpointError
   workdir = _WORKDIR.value or modes.default_workdir(_CONFIG.value)
   compile_cache.enable(workdir)  # before the first compile: JAX fixes the directory then

@@ -18,6 +18,15 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# The study is not part of the library: its modules are the package experiments/studylib,
+# which `python experiments/<script>.py` finds beside the script. The tests of the study, and
+# the configs that import it (configs/study.py, scaling.py, ...), find it through this entry,
+# appended so that no installed module is shadowed by a script's name. Subprocess snippets
+# that import it put "experiments" on their own path.
+EXPERIMENTS = os.path.join(REPO, "experiments")
+if EXPERIMENTS not in sys.path:
+  sys.path.append(EXPERIMENTS)
+
 # The tests compile hundreds of tiny programs and run each a few times, so LLVM's optimisation
 # of the generated CPU code costs far more than it saves: at backend optimisation level 0 a D2F
 # test file takes half the CPU time (the same HLO; only the machine code is less optimised).

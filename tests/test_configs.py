@@ -18,11 +18,11 @@ from flax import traverse_util
 from ml_collections import config_dict
 
 from dllm_jax.parallel import mesh as mesh_lib
-from dllm_jax.study import study as study_lib
 from dllm_jax.training import config as config_lib
 from dllm_jax.training import experiment
 from dllm_jax.training import optimizer as opt_lib
 from dllm_jax.training import state as state_lib
+from studylib import study as study_lib
 from _no_jax import env_without_jax
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,7 +125,7 @@ def test_every_study_mode_trains_valid_models(mode, tmp_path):
   """Each mode's three training configs validate, fit their rows and build abstractly: the
   accelerator mode cannot be run here, so this is its guard against a config that fails
   only when a device is finally lent."""
-  from dllm_jax.study import models as models_lib
+  from studylib import models as models_lib
   from dllm_jax.training import data as data_lib
   module = load_module(STUDY_CONFIG)
   study = module.get_config(mode)
@@ -223,7 +223,7 @@ def test_long_study_mode_takes_g_as_one_flag(g, tmp_path):
   """`--config.data.gen_length=384` is all a wider G takes: the layout, every model's window
   and the G-relative cells (vanilla LLaDA's one block, Fast-dLLM's two) follow it, and every
   model's rows still fit its window."""
-  from dllm_jax.study import models as models_lib
+  from studylib import models as models_lib
   from dllm_jax.training import data as data_lib
   module = load_module(STUDY_CONFIG)
   study = module.get_config("long")
@@ -257,7 +257,7 @@ def test_gen_length_must_hold_the_answers_and_tile_the_blocks():
 def test_study_mode_flags_and_default_workdirs(tmp_path):
   """`--long` / `--full` stand for the mode's --config (overrides still parse); each mode has
   its own default workdir."""
-  from dllm_jax.study import study as study_lib
+  from studylib import study as study_lib
   expand = study_lib.expand_mode_flags
   assert expand(["s", "--workdir=w"]) == ["s", "--workdir=w"]
   assert expand(["s", "--full", "--config.eval.seed=1"]) == [
@@ -343,7 +343,7 @@ def test_every_study_cell_traces_at_its_mode_shapes(mode, tmp_path):
   study's own `bind_cell` (a speculative or adaptive cell gets the D2F student as its
   drafter; a task-tagged adaptive cell gets a task name per row, as the runner passes it)."""
   from dllm_jax.models.transformer import abstract_params
-  from dllm_jax.study import models as models_lib, study as study_lib
+  from studylib import models as models_lib, study as study_lib
   from dllm_jax.training import checkpoint as ckpt_lib
   from dllm_jax.training import data as data_lib
   module = load_module(STUDY_CONFIG)

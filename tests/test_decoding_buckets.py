@@ -6,7 +6,7 @@ import pytest
 
 from dllm_jax.decoding import api, buckets, protocol
 from dllm_jax.models import get_preset
-from dllm_jax.study import dp_bench
+from studylib import dp_bench
 
 CFG = get_preset("tiny")
 RUNS = {

@@ -16,12 +16,14 @@ from dllm_jax.decoding import api
 from dllm_jax.parallel import mesh as mesh_lib
 
 EIGHT = """
+import sys
 import jax
 import numpy as np
 from dllm_jax.decoding import api, data_parallel
 from dllm_jax.models import get_preset
 from dllm_jax.parallel import mesh as mesh_lib
-from dllm_jax.study import dp_bench
+sys.path.insert(0, "experiments")  # studylib: the study's modules
+from studylib import dp_bench
 
 assert len(jax.devices()) == 8
 base_cfg = get_preset("tiny")

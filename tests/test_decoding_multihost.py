@@ -27,13 +27,14 @@ if sys.argv[1] != "single":  # argv: coordinator, process id, workdir (shared by
   jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2,
                              process_id=int(sys.argv[2]), initialization_timeout=120)
 sys.path.insert(0, "tests")
+sys.path.insert(0, "experiments")  # studylib: the study's modules
 import numpy as np
 from conftest import tiny_training_config
 from dllm_jax.decoding import api
 from dllm_jax.models import get_preset
 from dllm_jax.parallel import mesh as mesh_lib
-from dllm_jax.study import dp_bench
 from dllm_jax.training import trainer
+from studylib import dp_bench
 
 cfg = get_preset("tiny")
 params = dp_bench.random_params(cfg)

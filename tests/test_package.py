@@ -1,13 +1,14 @@
 """`import dllm_jax` is cheap and reaches every subpackage the README names."""
 
+import ast
+import os
 import subprocess
 import sys
 
 import dllm_jax
 from conftest import REPO
 
-SUBPACKAGES = ("checkpoints", "data", "decoding", "diffusion", "models", "parallel", "study",
-               "training")
+SUBPACKAGES = ("checkpoints", "data", "decoding", "diffusion", "models", "parallel", "training")
 
 
 def test_import_is_lazy_and_cheap():
@@ -35,3 +36,38 @@ def test_subpackages_and_version():
     assert "has no attribute 'trainer'" in str(e)
   else:
     raise AssertionError("dllm_jax.trainer should not exist")
+
+
+def test_the_study_is_not_in_the_library():
+  """The speed/quality study lives beside its scripts (experiments/studylib): dllm_jax/study is
+  gone, `dllm_jax.study` is no attribute, and no module of the library imports the study or
+  anything else from experiments/."""
+  package = os.path.join(REPO, "dllm_jax")
+  assert not os.path.exists(os.path.join(package, "study"))
+  assert os.path.isfile(os.path.join(REPO, "experiments", "studylib", "__init__.py"))
+  assert "study" not in dllm_jax.SUBPACKAGES and "study" not in dir(dllm_jax)
+  try:
+    dllm_jax.study
+  except AttributeError:
+    pass
+  else:
+    raise AssertionError("dllm_jax.study should not exist")
+  offenders, checked = [], 0
+  for root, _, files in os.walk(package):
+    for name in sorted(f for f in files if f.endswith(".py")):
+      path = os.path.join(root, name)
+      with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+      checked += 1
+      for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+          modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:  # `from M import a`: M, M.a
+          modules = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+          continue
+        offenders += [f"{os.path.relpath(path, REPO)}:{node.lineno}: {m}" for m in modules
+                      if m.split(".")[0] in ("studylib", "experiments")
+                      or m == "dllm_jax.study" or m.startswith("dllm_jax.study.")]
+  assert checked > 50, checked  # the walk saw the library
+  assert not offenders, offenders

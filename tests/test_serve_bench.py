@@ -1,6 +1,6 @@
 """The serving benchmark's hybrid cells: the engine and static batching give the same tokens.
 
-`study.serve_bench.run` on a few requests of its mixed workload (short sums and long worked
+`studylib.serve_bench.run` on a few requests of its mixed workload (short sums and long worked
 additions, character-tokenized, each with its own seed and answer budget) for the three
 round-based hybrids; every cell records whether the engine's outputs equal static
 batching's (`outputs_equal`), here for adaptive with a task tag per request (the tags map
@@ -12,7 +12,7 @@ import importlib.util
 import json
 import os
 
-from dllm_jax.study import serve_bench
+from studylib import serve_bench
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
                       "serve_bench.py")

@@ -21,10 +21,10 @@ from dllm_jax.data.tasks import TASK_ALPHABET
 from dllm_jax.models import forward, get_preset, init_params
 from dllm_jax.models.lora import add_lora, has_lora
 from dllm_jax.decoding.base import DecodeOutput
-from dllm_jax.study import accounting, report, runner, study, verdict
-from dllm_jax.study import journal as journal_lib
-from dllm_jax.study import models as models_lib
 from dllm_jax.training.checkpoint import CheckpointError, TrainedModel
+from studylib import accounting, report, runner, study, verdict
+from studylib import journal as journal_lib
+from studylib import models as models_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -250,7 +250,7 @@ def test_default_study_calibrates_its_task_tags_on_held_out_prompts(tmp_path):
   the mode choose_task_modes picks from the stored figures; the stored verdict is the one the
   stored cells give."""
   from dllm_jax.decoding import adaptive_calibration
-  from dllm_jax.study import calibration
+  from studylib import calibration
   c = _study_config("")
   _shrink_models(c)
   c.data.train_size, c.data.eval_size = 64, 40

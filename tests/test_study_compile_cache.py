@@ -1,4 +1,4 @@
-"""The study's persistent compilation cache (dllm_jax/study/compile_cache.py).
+"""The study's persistent compilation cache (experiments/studylib/compile_cache.py).
 
 Each check runs in a fresh interpreter without the test run's shared cache
 ($JAX_COMPILATION_CACHE_DIR and its threshold, conftest.py), since JAX fixes its cache
@@ -23,7 +23,7 @@ SCRIPT_WITH_STAND_IN = """
 import json, runpy, sys
 import numpy as np
 sys.path.insert(0, "experiments")
-from dllm_jax.study import study
+from studylib import study
 
 def stand_in(config, workdir, log=print):
   import jax, jax.numpy as jnp

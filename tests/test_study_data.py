@@ -10,11 +10,11 @@ import pytest
 from flax import traverse_util
 from ml_collections import config_dict
 
-from dllm_jax.study import models as models_lib
 from dllm_jax.training import checkpoint as ckpt_lib
 from dllm_jax.training import config as config_lib
 from dllm_jax.training import data as data_lib
 from dllm_jax.training import experiment, state as state_lib, trainer
+from studylib import models as models_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

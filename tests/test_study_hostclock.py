@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from dllm_jax.study import hostclock
+from studylib import hostclock
 
 # A 2-core VM's /proc/stat head: user nice system idle iowait irq softirq steal guest guest_nice.
 STAT = """cpu  2605456 0 164616 5782404 3144 0 3710 76187 11 0

@@ -1,4 +1,4 @@
-"""The decode journal (study/journal.py): an interrupted study's timed rounds are replayed, not
+"""The decode journal (studylib/journal.py): an interrupted study's timed rounds are replayed, not
 decoded again, and only when the cells, params, prompts, seed and repeats are the same."""
 
 import json
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dllm_jax.data.tasks import Example, TaskSuite
-from dllm_jax.study import journal as journal_lib
-from dllm_jax.study import runner
+from studylib import journal as journal_lib
+from studylib import runner
 from tests.test_study import RowIndexLayout, answered
 
 SUITE = TaskSuite.parse("arithmetic:1")

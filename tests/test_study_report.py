@@ -8,7 +8,7 @@ import pytest
 
 from dllm_jax.data.tasks import TASK_ALPHABET, Example, TaskSuite
 from dllm_jax.data.tokenizers import CharTokenizer
-from dllm_jax.study import accounting, report
+from studylib import accounting, report
 
 
 def test_response_tokens_stop_at_eos_and_skip_padding_rows():

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dllm_jax.study import roofline
+from studylib import roofline
 
 
 def test_param_bytes_counts_every_leaf_at_its_dtype():

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from ml_collections import config_dict
 
-from dllm_jax.study import scaling
+from studylib import scaling
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 K, TAU_ACT_COUNT = 4, 2  # block size; tau_act = 0.5 of 4 slots = 2 decided tokens

@@ -10,9 +10,9 @@ import pytest
 from ml_collections import config_dict
 
 from dllm_jax.decoding import unmasking
-from dllm_jax.study import accounting, study, tradeoff, verdict
-from dllm_jax.study import models as models_lib
 from dllm_jax.training import config as config_lib
+from studylib import accounting, study, tradeoff, verdict
+from studylib import models as models_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from dllm_jax.study import accounting, verdict
-from dllm_jax.study.accounting import MethodResult
+from studylib import accounting, verdict
+from studylib.accounting import MethodResult
 
 TASK, LLADA = "arithmetic", "llada steps=G"
 N = 100  # prompts per cell: whole accuracy points

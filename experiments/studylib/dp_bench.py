@@ -7,7 +7,7 @@ The model is a random-weight tiny model whose EOS id is chosen from its own gree
 output (`uneven_batch`): one row never emits it (it runs all G tokens), the others emit it
 within their first tokens. Under SPMD every device steps until that long row is done;
 under shard_map only its shard does. Each method's two cells are timed interleaved, repeat
-by repeat (the fastest and the median count, as in `study/runner.py`), through the public
+by repeat (the fastest and the median count, as in `runner.py`), through the public
 `generate`, and must give identical tokens or the run fails.
 """
 

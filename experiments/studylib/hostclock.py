@@ -1,8 +1,8 @@
 """How much CPU the host gave a run: wall time alone cannot tell a slow run from a busy host.
 
 A shared VM loses CPU time to its hypervisor ("steal": the eighth figure of `/proc/stat`'s
-`cpu` line, counted while the VM wanted to run and the host ran someone else). On such a day
-the same study takes twice the wall time with the same CPU time, so the study records both:
+`cpu` line, counted while the VM wanted to run and the host ran someone else). Then the same
+study takes more wall time for the same CPU time, so the study records both:
 
     clock = HostClock.start()
     ...                                # train, decode
@@ -10,8 +10,8 @@ the same study takes twice the wall time with the same CPU time, so the study re
     summary_text(summary)      # "1653 s total, 1405 CPU-s in this process, 24% of the host's
                                #  CPU stolen by its hypervisor"
 
-`process_cpu_s` is this process's CPU time over every thread (XLA's included); on a 2-core
-host it is up to twice the wall time. `host_steal_frac` is the stolen share of all the host's
+`process_cpu_s` is this process's CPU time over every thread (XLA's included); on an n-core
+host it is up to n times the wall time. `host_steal_frac` is the stolen share of all the host's
 CPU time over the run (every core, every process), so it is comparable between runs.
 """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dllm_jax.study.accounting import MethodResult
+from studylib.accounting import MethodResult
 
 
 def markdown_table(results: Sequence[MethodResult], *, baseline: str | None = None) -> str:
@@ -59,7 +59,7 @@ def per_task_table(results: Sequence[MethodResult], *, baseline: str | None = No
 def time_text(doc: dict) -> str:
   """Where a study run's wall time went, on which CPU, and each model's training record, e.g.
 
-    Time: 1982 s in all on AMD EPYC (family/model 23/1, avx2; 2 CPUs): 1696 s building the
+    Time: 1982 s in all on <cpu_model> (family/model 23/1, avx2; 2 CPUs): 1696 s building the
     data and training or loading the models, 286 s decoding (calibration included).
     Training records (a model loaded from the cache shows the run that trained it): ar 900
     steps in 354 s (2.54 steps/s), mdm 1500 steps in 658 s (2.28 steps/s).

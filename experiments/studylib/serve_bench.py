@@ -1,6 +1,6 @@
 """Serving benchmark: continuous batching (`dllm_jax.serving.Engine`) against static batching.
 
-Static batching is today's `generate` over fixed batches of `concurrency` requests in arrival
+Static batching is `generate` over fixed batches of `concurrency` requests in arrival
 order: a batch starts when the previous one has finished, and its requests are answered
 when its longest row is done (no streaming, so a static request's TTFT is its latency). The
 engine keeps `concurrency` slots busy: a slot is refilled as soon as its row finishes.

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 
 from dllm_jax.data.sources import record_to_example
 from dllm_jax.decoding import adaptive_calibration
-from dllm_jax.study import runner
 from dllm_jax.training import data as data_lib
+from studylib import runner
 
 
 def needs_calibration(cells: Sequence[dict]) -> bool:

@@ -158,10 +158,9 @@ def score(suite, examples, texts: Sequence[str]) -> list[bool]:
 
 def machine_info() -> dict:
   """What the numbers were measured on. `cpu_model`, `cpu_family_model` and `cpu_simd` tell
-  hosts apart that `processor` does not: CPU-bound figures of the same code differ 2-2.6x
-  between this project's 2-core hosts (an AVX2-only AMD EPYC against faster ones, an
-  AVX-512 Intel Xeon among them; BENCHMARKS.md sections 1 and 3), and some report only
-  "AMD EPYC" as their model name."""
+  hosts apart that `processor` does not: CPU-bound figures of the same code differ by a factor
+  of 2 or more between CPUs of the same core count (BENCHMARKS.md sections 1 and 3), and some
+  CPUs report only their product family as the model name."""
   dev = jax.devices()[0]
   return {
       "platform": dev.platform,
@@ -184,7 +183,7 @@ SIMD_FLAGS = ("avx512f", "avx2", "avx", "sse4_2", "asimd")
 
 def cpu_identity(cpuinfo_text: str | None = None) -> dict:
   """{"cpu_model", "cpu_family_model", "cpu_simd"} of the first CPU in /proc/cpuinfo (or of
-  `cpuinfo_text`): its model name, "family/model" (e.g. "23/1", AMD Zen 1), and the widest
+  `cpuinfo_text`): its model name, "family/model" (e.g. "23/1"), and the widest
   vector instruction set its flags list. Off Linux: the architecture, and None for the rest."""
   if cpuinfo_text is None:
     try:

@@ -29,8 +29,8 @@ import jax
 import numpy as np
 
 from dllm_jax.decoding.base import DecodeOutput
-from dllm_jax.study import accounting
-from dllm_jax.study import journal as journal_lib
+from studylib import accounting
+from studylib import journal as journal_lib
 
 # (params, tokens[B,P], valid[B,P], rng[, tasks=[B] task names]) -> output
 DecodeFn = Callable[..., DecodeOutput]

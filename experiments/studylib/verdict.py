@@ -88,7 +88,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 
-from dllm_jax.study.accounting import MethodResult
+from studylib.accounting import MethodResult
 
 MET, NOT_MET, NOT_MEASURABLE, NOT_MEASURED = ("met", "not met", "not measurable here",
                                               "not measured")

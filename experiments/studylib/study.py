@@ -33,15 +33,15 @@ from tqdm.auto import tqdm
 
 from dllm_jax.data.sources import record_to_example
 from dllm_jax.decoding import api as decode_api
-from dllm_jax.study import accounting, models as models_lib, report, roofline, runner
-from dllm_jax.study import calibration as calibration_lib
-from dllm_jax.study import hostclock
-from dllm_jax.study import journal as journal_lib
-# Re-exported: the command line's mode flags (JAX-free, so the script parses them first).
-from dllm_jax.study.modes import MODE_FLAGS, default_workdir, expand_mode_flags  # noqa: F401
-from dllm_jax.study import tradeoff as tradeoff_lib
-from dllm_jax.study import verdict as verdict_lib
 from dllm_jax.training import data as data_lib
+from studylib import accounting, models as models_lib, report, roofline, runner
+from studylib import calibration as calibration_lib
+from studylib import hostclock
+from studylib import journal as journal_lib
+# Re-exported: the command line's mode flags (JAX-free, so the script parses them first).
+from studylib.modes import MODE_FLAGS, default_workdir, expand_mode_flags  # noqa: F401
+from studylib import tradeoff as tradeoff_lib
+from studylib import verdict as verdict_lib
 
 
 def _decoder(method: str, cfg, options: dict):

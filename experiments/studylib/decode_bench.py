@@ -32,7 +32,7 @@ import numpy as np
 from dllm_jax.decoding import api, d2f
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.models.transformer import init_params
-from dllm_jax.study import accounting
+from studylib import accounting
 
 SCHEMA_VERSION = 1
 MASK_ID, PAD_ID, BOS_ID, FIRST_PROMPT_ID = 3, 0, 1, 4

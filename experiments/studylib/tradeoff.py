@@ -35,7 +35,7 @@ import math
 from collections.abc import Sequence
 
 from dllm_jax.decoding.unmasking import SCHEDULES
-from dllm_jax.study.accounting import MethodResult
+from studylib.accounting import MethodResult
 
 AUP_ALPHA = 3.0   # the quality penalty's rate (d3LLM's default)
 AUP_OFFSET = 5.0  # points below the first point's accuracy that a curve may fall and count

@@ -2,11 +2,9 @@
 
 A rerun of the study, to finish an interrupted run or to print a finished one's report again,
 compiles the same programs as the first run did: every model's train and eval steps and every
-cell's decode loop (in a rerun of the finished default study on the AVX-512 2-core host, the
-cells' first calls took 41 s without the cache and 8 s with it; minutes at G = 384 on a slow
-host), even when every model is cached and the journal replays every decoding round. With
-`enable(workdir)` the first run writes each compiled program to `<workdir>/xla_cache/` and
-later runs load it instead of compiling.
+cell's decode loop, even when every model is cached and the journal replays every decoding
+round. With `enable(workdir)` the first run writes each compiled program to
+`<workdir>/xla_cache/` and later runs load it instead of compiling.
 
 The cache cannot change a figure. JAX keys an entry by the program's HLO, the compile
 options, the XLA flags and the jax/jaxlib versions, so a changed model, option or flag is a
@@ -29,8 +27,8 @@ import jax
 
 DIR_NAME = "xla_cache"
 # Where a user sets JAX's threshold: by default JAX caches only programs that took over 1 s to
-# compile, and the study's decode loops take 0.7-4 s each on a 2-core CPU (loading any of them
-# is faster), so without this variable `enable` caches every program.
+# compile, and many of the study's decode loops compile in less (loading any of them is
+# faster than compiling it), so without this variable `enable` caches every program.
 MIN_COMPILE_TIME_ENV = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 
 

@@ -43,7 +43,7 @@ import numpy as np
 from dllm_jax.decoding import api
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.models.transformer import init_params
-from dllm_jax.study import accounting, roofline
+from studylib import accounting, roofline
 
 SCHEMA_VERSION = 2  # 2: param_bytes, weight_read_s and fwd_per_weight_read per cell
 MASK_ID, PAD_ID, BOS_ID = 3, 0, 1

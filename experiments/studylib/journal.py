@@ -2,8 +2,8 @@
 
 The study times its cells round-robin, one *round* (batch i of every cell) after another
 (runner.py). At G = 384 vanilla LLaDA takes seconds a prompt, so decoding the long mode's grid
-takes over an hour on a 2-core host; a killed run should not lose it. Each finished (round,
-cell) is one JSON line of what `accounting.Tally.add` was given:
+on a CPU is a long run; a killed run should not lose it. Each finished (round, cell) is one
+JSON line of what `accounting.Tally.add` was given:
 
     {"fingerprint": "<sha256>"}                                   first line
     {"round": i, "cell": j, "add": {"lengths": [...], "correct": [...], ...}}
