@@ -59,6 +59,26 @@ for method, kw in runs.items():
   assert int(own.steps) <= int(one.steps) and int(own.nfe) <= int(one.nfe), method
   print("devices", method, "ok")
 
+# The hybrids on the same mesh (shard_map, the default): sampled rows draw their keys by
+# global row index, so each shard's rows equal the one-device batch's.
+drafter = random_params(cfg, seed=1)
+hybrids = {
+    "speculative": dict(gen_length=8, drafter="ar", draft_length=3, temperature=0.8,
+                        drafter_params=drafter, drafter_cfg=cfg),
+    "selfspec": dict(gen_length=8, draft_length=3, temperature=0.8),
+    "adaptive": dict(gen_length=8, draft_length=3, parallel_confidence=0.66,
+                     ar_confidence=0.55, drafter_params=drafter, drafter_cfg=cfg),
+}
+for method, kw in hybrids.items():
+  rng = jax.random.key(5)
+  one = api.generate(params, cfg, PROMPTS, method=method, rng=rng, **kw)
+  own = api.generate(params, cfg, PROMPTS, method=method, rng=rng, mesh=mesh, **kw)
+  assert len(own.tokens.sharding.device_set) == 8, method
+  for field in ("tokens", "lengths", "committed", "done"):
+    np.testing.assert_array_equal(np.asarray(getattr(own, field)),
+                                  np.asarray(getattr(one, field)), err_msg=method + field)
+  print("hybrids", method, "ok")
+
 import flax.linen as nn
 from dllm_jax.decoding import base
 from dllm_jax.models import init_params
@@ -113,6 +133,11 @@ def lines():
 @pytest.mark.slow
 def test_eight_devices_equal_one(lines):
   assert lines["devices"] == ["ar", "ok", "llada", "ok", "fast_dllm", "ok"]
+
+
+@pytest.mark.slow
+def test_hybrids_on_a_data_mesh_equal_one_device(lines):
+  assert lines["hybrids"] == ["speculative", "ok", "selfspec", "ok", "adaptive", "ok"]
 
 
 @pytest.mark.slow
