@@ -146,7 +146,7 @@ STUDY_OVERRIDES = ["--config.data.train_size=64", "--config.data.eval_size=16",
 def study_overrides(command: str) -> list[str]:
   """STUDY_OVERRIDES plus TINY_RUN for every model the command's study mode trains (read
   from configs/study.py, so a mode that gains a model is shrunk with it)."""
-  from dllm_jax.study import study as study_lib
+  from studylib import study as study_lib
   argv = study_lib.expand_mode_flags(shlex.split(command))
   mode = next((a.split(":", 1)[1] for a in argv if a.startswith("--config=") and ":" in a), "")
   spec = importlib.util.spec_from_file_location("readme_study_cfg",
@@ -489,7 +489,7 @@ def expand_braces(path: str) -> list[str]:
 def known_flags() -> set[str]:
   """Flags of the documented CLIs: dllm_jax.generate, experiments/{study,train}.py."""
   from dllm_jax import generate
-  from dllm_jax.study import study as study_lib
+  from studylib import study as study_lib
   flags = {o for a in generate.build_parser()._actions for o in a.option_strings}
   flags |= set(study_lib.MODE_FLAGS) | {"--config", "--workdir"}
   return flags
