@@ -509,6 +509,8 @@ class AdaptiveDecoder(protocol.Decoder):
   init_forwards = True
   uses_drafter = True
   row_options = ("tasks",)
+  attention = "causal"
+  drafter_attention = "block_causal"
 
   @classmethod
   def option_names(cls) -> tuple[str, ...]:

@@ -190,6 +190,7 @@ class ARDecoder(protocol.LoopDecoder):
   module = sys.modules[__name__]
   options = AROptions
   init_forwards = True
+  attention = "causal"
 
 
 def ar_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,

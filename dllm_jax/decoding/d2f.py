@@ -437,6 +437,7 @@ class D2FDecoder(protocol.Decoder):
   rules: object = None
 
   init_forwards = True
+  attention = "block_causal"
 
   @classmethod
   def option_names(cls) -> tuple[str, ...]:

@@ -36,8 +36,9 @@ The interface every decoder provides (all but `check` are traceable):
 and as class attributes: `name` (set by `registry.register`), `init_forwards` (the init
 already runs a forward, so a stream's first event comes before any step), `uses_drafter`
 (the hybrids that take drafter_params / drafter_cfg), `row_options` (options with one entry
-per prompt, such as adaptive's task tags) and `options` (the options dataclass whose fields
-are the option names; or override `option_names`).
+per prompt, such as adaptive's task tags), `attention` / `drafter_attention` (the attention
+pattern the decoded model and its drafter are trained with) and `options` (the options
+dataclass whose fields are the option names; or override `option_names`).
 
 Adding a decoder is one class and one `registry.register` call
 (docs/adding_a_decoder.md walks through one).
@@ -85,6 +86,12 @@ class Decoder:
   init_forwards: ClassVar[bool] = False
   uses_drafter: ClassVar[bool] = False
   row_options: ClassVar[tuple[str, ...]] = ()
+  # The attention pattern of the model the method decodes ("causal", "bidirectional",
+  # "block_causal", or "selfspec": causal context with a mask block, as `selfspec_loss`
+  # trains), and of its drafter: what a model must be trained with to decode well (the demo
+  # picks its models by these).
+  attention: ClassVar[str] = "bidirectional"
+  drafter_attention: ClassVar[str | None] = None
 
   # --------------------------------------------------------------- building (host side)
 

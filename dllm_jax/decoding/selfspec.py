@@ -259,6 +259,7 @@ class SelfSpecDecoder(protocol.Decoder):
   """One network verifies the last draft causally and drafts the next block in one forward."""
   options = SelfSpecOptions
   init_forwards = True   # the init's forward (prompt + mask block) commits the first token
+  attention = "selfspec"
 
   @classmethod
   def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:

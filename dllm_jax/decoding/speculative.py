@@ -470,6 +470,8 @@ class SpeculativeDecoder(protocol.Decoder):
 
   init_forwards = True   # the init runs round 0 (drafts and the verifying prefill)
   uses_drafter = True
+  attention = "causal"
+  drafter_attention = "block_causal"   # the default drafter, "d2f"
 
   @classmethod
   def option_names(cls) -> tuple[str, ...]:
