@@ -83,8 +83,8 @@ def test_d2f_dispatch_passes_prompts_options_and_mesh(monkeypatch):
   assert (decoder.opts.gen_length, decoder.opts.block_size) == (8, 4)
   np.testing.assert_allclose(np.asarray(traced.tau_conf), 0.8)
   mesh = mesh_lib.make_mesh({"data": 1})
-  out = api.generate(None, cfg, [[5, 6, 7], [8]], method="d2f", mesh=mesh, gen_length=8,
-                     block_length=4)
+  out = api.generate(random_params(cfg), cfg, [[5, 6, 7], [8]], method="d2f", mesh=mesh,
+                     gen_length=8, block_length=4)
   assert calls[-1][2].mesh is mesh and out.tokens.shape == (2, 4)
 
 

@@ -20,6 +20,7 @@ from dllm_jax.decoding import (api, ar, base, d2f, fast_dllm, llada, protocol, r
 from dllm_jax.models import get_preset, init_params
 from dllm_jax.models.transformer import abstract_params
 from dllm_jax.parallel import mesh as mesh_lib
+from dllm_jax.parallel import sharding
 from test_decoding_llada import PROMPTS, random_params
 
 # One setting per method, with sampling on where it is cheap so keys are exercised too.
@@ -396,8 +397,8 @@ def test_params_already_on_the_mesh_are_not_copied(model, monkeypatch):
   cfg, params = model
   mesh = mesh_lib.make_mesh({"data": 1})
   abstract = lambda: abstract_params(cfg)
-  placed = mesh_lib.place_params(params, abstract, mesh, mesh_lib.DEFAULT_RULES)
-  again = mesh_lib.place_params(placed, abstract, mesh, mesh_lib.DEFAULT_RULES)
+  placed = sharding.place_params(params, mesh, abstract=abstract)
+  again = sharding.place_params(placed, mesh, abstract=abstract)
   for a, b in zip(jax.tree_util.tree_leaves(placed), jax.tree_util.tree_leaves(again)):
     assert a is b
   seen = []

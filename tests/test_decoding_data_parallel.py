@@ -71,8 +71,9 @@ calls = []
 real = data_parallel.run_plan
 data_parallel.run_plan = lambda *a, **k: calls.append(k["mesh"]) or real(*a, **k)
 from dllm_jax.models import abstract_params
-placed = mesh_lib.place_params(params, lambda: abstract_params(cfg), mixed,
-                               mesh_lib.DEFAULT_RULES, replicate_data=True)
+from dllm_jax.parallel import sharding
+placed = sharding.place_params(params, mixed, abstract=lambda: abstract_params(cfg),
+                               replicate_axes=mesh_lib.data_axes(mixed))
 kw = dict(gen_length=8, temperature=1.0, top_p=0.9)
 rng = jax.random.key(1)
 one = api.generate(params, cfg, prompts[:3], method="ar", rng=rng, **kw)

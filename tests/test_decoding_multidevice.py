@@ -89,8 +89,9 @@ mesh = mesh_lib.make_mesh({"data": 2, "tensor": 4})
 rules = mesh_lib.DEFAULT_RULES
 from dllm_jax.models import abstract_params
 abstract = lambda: abstract_params(cfg)
-sharded = mesh_lib.place_params(params, abstract, mesh, rules)
-assert mesh_lib.place_params(sharded, abstract, mesh, rules) is sharded
+from dllm_jax.parallel import sharding
+sharded = sharding.place_params(params, mesh, rules, abstract=abstract)
+assert sharding.place_params(sharded, mesh, rules, abstract=abstract) is sharded
 four = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [20, 21, 22, 23]]
 runs = {
     "ar": dict(gen_length=12),

@@ -29,7 +29,7 @@ def test_subpackages_and_version():
   assert callable(dllm_jax.training.checkpoint.load_params)
   assert dllm_jax.training.load_params is dllm_jax.training.checkpoint.load_params
   assert callable(dllm_jax.training.train)
-  assert callable(dllm_jax.parallel.shard_params)
+  assert callable(dllm_jax.parallel.place_params)
   try:
     dllm_jax.trainer
   except AttributeError as e:

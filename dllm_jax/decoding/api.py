@@ -43,6 +43,7 @@ import numpy as np
 from dllm_jax.decoding import base, buckets, protocol, registry
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.parallel import mesh as mesh_lib
+from dllm_jax.parallel import sharding
 
 option_names, check_options, plan = protocol.option_names, protocol.check_options, protocol.plan
 
@@ -139,7 +140,8 @@ def _run_on_mesh(the_plan: protocol.Plan, params, tokens, valid, rng, mesh, rule
   """Places the batch (a multiple of the data-parallel size) and params not yet on the mesh,
   and runs the decode as one SPMD program."""
   decoder = the_plan.decoder.on_mesh(mesh, rules)
-  params = mesh_lib.place_params(the_plan.params(params), decoder.abstract_params, mesh, rules)
+  params = sharding.place_params(the_plan.params(params), mesh, rules,
+                                 abstract=decoder.abstract_params)
   batch = mesh_lib.batch_sharding(mesh, 2, rules)
   tokens, valid = jax.device_put(tokens, batch), jax.device_put(valid, batch)
   rng = jax.device_put(rng, mesh_lib.replicated(mesh))

@@ -81,6 +81,7 @@ from dllm_jax.models import transformer as model_lib
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.models.transformer import Transformer
 from dllm_jax.parallel import mesh as mesh_lib
+from dllm_jax.parallel import sharding
 
 Array = jnp.ndarray
 
@@ -598,8 +599,8 @@ def prepare(params, cfg, spec, limits, prompt, valid, rng, mesh, rules):
   if prompt.shape[0] % dp:
     raise ValueError(f"batch {prompt.shape[0]} is not divisible by the mesh's "
                      f"data-parallel size {dp}; pad the batch with dummy prompts.")
-  params = mesh_lib.place_params(params, functools.partial(model_lib.abstract_params, cfg),
-                                 mesh, rules)
+  params = sharding.place_params(params, mesh, rules,
+                                 abstract=functools.partial(model_lib.abstract_params, cfg))
   rows = mesh_lib.batch_sharding(mesh, 2, rules)
   prompt, valid = jax.device_put(prompt, rows), jax.device_put(valid, rows)
   rng, limits = jax.device_put((rng, limits), mesh_lib.replicated(mesh))

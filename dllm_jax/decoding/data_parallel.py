@@ -40,6 +40,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from dllm_jax.decoding import base, protocol
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.parallel import mesh as mesh_lib
+from dllm_jax.parallel import sharding
 
 Array = jnp.ndarray
 MODES = ("shard_map", "spmd")
@@ -126,8 +127,8 @@ def run_plan(params, plan: protocol.Plan, tokens, valid, rng, *, mesh,
     raise ValueError(f"batch {tokens.shape[0]} is not a multiple of the mesh's data-parallel "
                      f"size {shards} (axes {axes}); pad the batch (api.generate does).")
   decoder = plan.decoder
-  params = mesh_lib.place_params(plan.params(params), decoder.abstract_params, mesh, rules,
-                                 replicate_data=True)
+  params = sharding.place_params(plan.params(params), mesh, rules,
+                                 abstract=decoder.abstract_params, replicate_axes=axes)
   rows, replicated = NamedSharding(mesh, P(axes)), mesh_lib.replicated(mesh)
   key_data = np.asarray(jax.random.key_data(rng))
   traced = jax.tree.map(lambda x: _global(x, replicated), plan.traced)

@@ -114,29 +114,3 @@ def without_axes(rules, axes: Sequence[str]) -> tuple:
     out.append((logical, None if not kept else kept[0] if len(kept) == 1 else kept))
   return tuple(out)
 
-
-def place_params(params, abstract, mesh: Mesh, rules=DEFAULT_RULES, *,
-                 replicate_data: bool = False):
-  """`params` on `mesh`, the one placement every driver uses.
-
-  Arrays already on exactly the mesh's devices stay where they are, whatever their layout
-  (jit reshards inside the program if needed). Anything else (host arrays, one device) is
-  placed by `param_shardings(abstract(), mesh, rules)`: `abstract` is a zero-argument
-  callable returning the boxed abstract params (`models.abstract_params(cfg)`; called only
-  on this path, so the caller's model is not traced when nothing moves). `replicate_data`
-  keeps every leaf whole over the batch's data axes (what a `shard_map` manual over them
-  needs). Across processes, the leaves become global arrays built from each process's copy.
-  """
-  devices = set(mesh.devices.flat)
-  leaves = jax.tree_util.tree_leaves(params)
-  if all(isinstance(x, jax.Array) and x.sharding.device_set == devices for x in leaves):
-    return params  # (an empty tree has nothing to place)
-  if replicate_data:
-    rules = without_axes(rules, data_axes(mesh, rules))
-  shardings = param_shardings(abstract(), mesh, rules)
-  if jax.process_count() == 1:
-    return jax.device_put(params, shardings)
-  return jax.tree.map(
-      lambda x, s: jax.make_array_from_callback(np.shape(x), s,
-                                                lambda index: np.asarray(x)[index]),
-      params, shardings)

@@ -11,7 +11,9 @@ p an admission's prompt bucket, G gen_length.
       ...
 
 Each method (a *lane*, with one option set: `lanes.py`) owns B slots: one batched decoder
-state with static shapes (every cursor per row; `rows.py`). `step()` runs every lane once:
+state with static shapes (every cursor per row; `rows.py`). A lane is built from explicit
+arguments and knows nothing of the engine; each lane step reports its events and decoder
+steps, and the engine records the results and metrics. `step()` runs every lane once:
 
   1. admit: waiting requests (FIFO) fill free slots. Their prompts go through the method's
      batched init at a static admit size A (rows beyond the requests are dropped) and
@@ -39,19 +41,17 @@ jitted functions; slots must divide evenly); rows never interact, so outputs are
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
-import flax.linen as nn
-import jax
 import numpy as np
 
 from dllm_jax.decoding import api, base, registry
 from dllm_jax.models import transformer
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.parallel import mesh as mesh_lib
+from dllm_jax.parallel import sharding
 from dllm_jax.serving import lanes as lanes_lib
 from dllm_jax.serving import metrics as metrics_lib
 from dllm_jax.serving import rows
@@ -151,13 +151,19 @@ class Engine:
       if self.num_slots % dp:
         raise ValueError(f"slots={self.num_slots} must be a multiple of the mesh's "
                          f"data-parallel size {dp}.")
-      self.params = mesh_lib.place_params(
-          params, functools.partial(transformer.abstract_params, cfg), mesh, self.rules)
+      self.params = sharding.place_params(
+          params, mesh, self.rules, abstract=functools.partial(transformer.abstract_params, cfg))
     self.lanes: dict[str, lanes_lib.Lane] = {}
     for method, opts in methods.items():
       if method not in registry.names() or rows.for_method(method) is None:
         raise ValueError(_method_message(method))
-      self.lanes[method] = lanes_lib.Lane(self, method, dict(opts))
+      self.lanes[method] = lanes_lib.Lane(
+          method, dict(opts), params=self.params, cfg=cfg, slots=self.num_slots,
+          prompt_buckets=self.prompt_buckets, admit_sizes=self.admit_sizes,
+          max_steps_per_run=self.max_steps_per_run, refill=self.refill,
+          filler_id=self.filler_id, mesh=mesh, rules=self.rules, decode_text=self.decode_text)
+    self._steps = 0  # decoder steps run, over all lanes (each steps all B slots)
+    self._occupied_steps = 0  # of those slot-steps, the ones on occupied slots
     self._next_id = 0
     self._results: dict[int, Result] = {}
     self._pending: list = []
@@ -264,7 +270,7 @@ class Engine:
     for lane in self.lanes.values():
       result = lane.cancel(request_id)
       if result is not None:
-        self._pending.append(result)
+        self._pending.append(self._record(result))
         return True
     return False
 
@@ -274,7 +280,12 @@ class Engine:
     (StreamUpdate, Result) produced since the last call, bad-request results included."""
     events, self._pending = self._pending, []
     for lane in self.lanes.values():
-      events.extend(lane.step())
+      report = lane.step()
+      self._steps += report.steps
+      self._occupied_steps += report.occupied_steps
+      for result in report.results:
+        self._record(result)
+      events.extend(report.events)
     return events
 
   @property
@@ -319,9 +330,8 @@ class Engine:
   def metrics(self, results: Sequence[Result] | None = None) -> metrics_lib.RunMetrics:
     """Run metrics over `results` (default: every result not yet popped)."""
     results = list(self._results.values()) if results is None else list(results)
-    steps = sum(lane.steps for lane in self.lanes.values())
-    slot_steps = sum(lane.steps * self.num_slots for lane in self.lanes.values())
-    occupied = sum(lane.occupied_steps for lane in self.lanes.values())
+    steps, occupied = self._steps, self._occupied_steps
+    slot_steps = steps * self.num_slots
     first = self._first_arrival if self._first_arrival is not None else 0.0
     last = self._last_finish if self._last_finish is not None else first
     return metrics_lib.summarize(results, first_arrival=first, last_finish=last,
@@ -331,8 +341,7 @@ class Engine:
   def reset_metrics(self) -> None:
     """Starts a new measurement window (results are kept)."""
     self._first_arrival = self._last_finish = None
-    for lane in self.lanes.values():
-      lane.steps = lane.occupied_steps = 0
+    self._steps = self._occupied_steps = 0
 
   def warmup(self) -> None:
     """Compiles every admission shape (admit size x prompt bucket) and the run loop of
@@ -340,26 +349,15 @@ class Engine:
     if self.busy:
       raise RuntimeError("warmup() needs an idle engine (requests are queued or running).")
     for lane in self.lanes.values():
-      for a in self.admit_sizes:
-        for p in self.prompt_buckets:
-          dummy = [Request(-1, (self.filler_id,) * p, lane.method, 1, (), 0, 0.0)] * a
-          lane.admit_batch(dummy, list(range(a)))
-      lane.retire[:] = True
-      lane.run(1)
-      lane.state = lane._empty_state()
-      lane.steps = lane.occupied_steps = 0
+      lane.warmup()
+    self._steps = self._occupied_steps = 0
 
   def decode_text(self, tokens) -> str | None:
     return None if self.tokenizer is None else self.tokenizer.decode(tokens)
 
   def context(self):
     """The mesh and logical-axis-rules context device calls run under (none off-mesh)."""
-    if self.mesh is None:
-      return contextlib.nullcontext()
-    stack = contextlib.ExitStack()
-    stack.enter_context(jax.set_mesh(self.mesh))
-    stack.enter_context(nn.logical_axis_rules(self.rules))
-    return stack
+    return lanes_lib.mesh_context(self.mesh, self.rules)
 
 
 def _method_message(method: str, lanes=None) -> str:

@@ -1,6 +1,10 @@
 """One lane of the serving engine: one method with one option set, its slots, queue and
 batched device state, and the two jitted programs that move it (`engine.py` drives lanes).
 
+A lane knows nothing of the engine: it is built from explicit arguments (the model, the
+engine's sizes, mesh and rules) and reports what each step did (`Report`: the events, with
+the finished requests' `Result`s, and the decoder steps run); the engine records those.
+
 Shape legend: B slots, A admitted rows (a static admit size), P the largest prompt bucket,
 p an admission's prompt bucket, G gen_length.
 
@@ -10,17 +14,17 @@ p an admission's prompt bucket, G gen_length.
           until enough occupied rows finished or `max_steps` steps ran.
 
 Both take the state donated; every per-row leaf is pinned to the mesh's data axes on its row
-axis (`_constrain`) when the engine has a mesh.
+axis (`_constrain`) when the lane has a mesh.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -32,9 +36,6 @@ from dllm_jax.decoding import base
 from dllm_jax.serving import rows
 from dllm_jax.serving.requests import CancelledError, NonFiniteRowError, Request, Result, \
     StreamUpdate
-
-if TYPE_CHECKING:
-  from dllm_jax.serving.engine import Engine
 
 _STATIC = ("decoder", "cfg", "static", "mesh", "rules")
 
@@ -53,6 +54,16 @@ def _constrain(decoder, state, mesh, rules):
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
   return jax.tree_util.tree_map(pin, decoder.row_axes(state), state,
                                 is_leaf=lambda x: x is None)
+
+
+def mesh_context(mesh, rules):
+  """The mesh and logical-axis-rules context device calls run under (none off-mesh)."""
+  if mesh is None:
+    return contextlib.nullcontext()
+  stack = contextlib.ExitStack()
+  stack.enter_context(jax.set_mesh(mesh))
+  stack.enter_context(nn.logical_axis_rules(rules))
+  return stack
 
 
 def _row_inputs(decoder, row_inputs) -> dict:
@@ -100,6 +111,18 @@ def _run(params, state, retire, limit, occupied, max_steps, min_finished, *, dec
 
 
 @dataclasses.dataclass
+class Report:
+  """What one `Lane.step` did, for the engine to record."""
+  events: list  # StreamUpdate / Result in order; each Result answers its request for good
+  steps: int = 0  # decoder steps run (each steps all B slots)
+  occupied_steps: int = 0  # slot-steps of occupied slots: steps x occupied rows
+
+  @property
+  def results(self) -> list[Result]:
+    return [e for e in self.events if isinstance(e, Result)]
+
+
+@dataclasses.dataclass
 class _Live:
   """Host record of an occupied slot."""
   request: Request
@@ -110,85 +133,108 @@ class _Live:
 
 
 class Lane:
-  """One method with one option set: its slots, queue and device state."""
+  """One method with one option set: its slots, queue and device state.
 
-  def __init__(self, engine: Engine, method: str, options: dict):
-    self.engine, self.method = engine, method
+  Args:
+    method, options: the method (a registry name served by `rows.for_method`) and the
+      lane's options.
+    params, cfg: the model's (placed) parameters and config.
+    slots: B, rows decoded together.
+    prompt_buckets, admit_sizes: the static prompt lengths and admission sizes.
+    max_steps_per_run, refill: when a run returns to the host (see `Engine`).
+    filler_id: the token of rows no request fills.
+    mesh, rules: shard the slots over the mesh's data axes (None: one device).
+    decode_text: tokens -> the Result's text (None: no text).
+  """
+
+  def __init__(self, method: str, options: dict, *, params, cfg, slots: int,
+               prompt_buckets: Sequence[int], admit_sizes: Sequence[int],
+               max_steps_per_run: int, refill: int, filler_id: int, mesh=None, rules=None,
+               decode_text: Callable[[Sequence[int]], str | None] | None = None):
+    self.method, self.cfg, self.num_slots = method, cfg, slots
+    self.prompt_buckets, self.admit_sizes = tuple(prompt_buckets), tuple(admit_sizes)
+    self.max_steps_per_run, self.refill, self.filler_id = max_steps_per_run, refill, filler_id
+    self.mesh, self.rules, self.decode_text = mesh, rules, decode_text
     self.decoder = rows.for_method(method)
-    cfg = engine.cfg
     self.options = dict(options)
     self.opts = self.decoder.make_options(cfg, self.options)
     self.static, self.traced = self.decoder.split(self.opts)
     self.gen_length = self.decoder.gen_length(self.static)
-    self.decoder.check_window(cfg, self.static, engine.prompt_buckets[-1])
+    self.decoder.check_window(cfg, self.static, self.prompt_buckets[-1])
     self.mask_id = self.decoder.mask_id(cfg, self.static)
-    self.params = self.decoder.lane_params(engine.params, cfg, self.static, self.options,
-                                           engine.mesh, engine.rules)
+    self.params = self.decoder.lane_params(params, cfg, self.static, self.options, mesh, rules)
     self.filler_input = self.decoder.row_input(self.opts, {})  # rows no request fills
     self.stop_ids = frozenset(base.stop_ids(cfg))
     self.queue: collections.deque[Request] = collections.deque()
-    self.slots: list[_Live | None] = [None] * engine.num_slots
-    self.retire = np.zeros(engine.num_slots, bool)
-    self.steps = 0
-    self.occupied_steps = 0
+    self.slots: list[_Live | None] = [None] * slots
+    self.retire = np.zeros(slots, bool)
     self.state = self._empty_state()
 
   # ------------------------------------------------------------------ device calls
   def _kw(self):
-    e = self.engine
-    return dict(decoder=self.decoder, cfg=e.cfg, static=self.static, mesh=e.mesh,
-                rules=e.rules)
+    return dict(decoder=self.decoder, cfg=self.cfg, static=self.static, mesh=self.mesh,
+                rules=self.rules)
+
+  def context(self):
+    return mesh_context(self.mesh, self.rules)
 
   def _empty_state(self):
-    e = self.engine
-    b, p = e.num_slots, e.prompt_buckets[-1]
+    b, p = self.num_slots, self.prompt_buckets[-1]
     shapes = jax.eval_shape(
-        lambda: self.decoder.init(self.params, e.cfg, self.static, self.traced,
+        lambda: self.decoder.init(self.params, self.cfg, self.static, self.traced,
                                   jnp.zeros((b, p), jnp.int32), jnp.ones((b, p), bool),
                                   rows.request_keys(np.zeros(b, np.uint32)),
                                   **_row_inputs(self.decoder, jnp.zeros((b,), jnp.int32))))
     state = rows.empty_like(shapes, self.decoder, self.traced)
-    if e.mesh is not None:
-      with e.context():
-        state = jax.jit(functools.partial(_constrain, self.decoder, mesh=e.mesh,
-                                          rules=e.rules))(state)
+    if self.mesh is not None:
+      with self.context():
+        state = jax.jit(functools.partial(_constrain, self.decoder, mesh=self.mesh,
+                                          rules=self.rules))(state)
     return state
 
   def admit_batch(self, requests: Sequence[Request], slots: Sequence[int]) -> None:
-    e = self.engine
-    a = next(s for s in e.admit_sizes if s >= len(requests))
-    p = next(s for s in e.prompt_buckets if s >= max(len(r.prompt) for r in requests))
-    prompts = [list(r.prompt) for r in requests] + [[e.filler_id]] * (a - len(requests))
-    tokens, valid = base.pad_prompts(prompts, base.output_pad_id(e.cfg), p)
+    a = next(s for s in self.admit_sizes if s >= len(requests))
+    p = next(s for s in self.prompt_buckets if s >= max(len(r.prompt) for r in requests))
+    prompts = [list(r.prompt) for r in requests] + [[self.filler_id]] * (a - len(requests))
+    tokens, valid = base.pad_prompts(prompts, base.output_pad_id(self.cfg), p)
     seeds = np.zeros(a, np.uint32)
     seeds[:len(requests)] = [r.seed for r in requests]
     inputs = np.full(a, self.filler_input, np.int32)
     inputs[:len(requests)] = [r.row_input for r in requests]
-    where = np.full(a, e.num_slots, np.int32)  # unused rows: out of range, dropped
+    where = np.full(a, self.num_slots, np.int32)  # unused rows: out of range, dropped
     where[:len(requests)] = slots
-    with e.context():
+    with self.context():
       self.state = _admit(self.params, self.state, self.traced, tokens, valid, seeds, inputs,
                           where,
-                          prompt_len=e.prompt_buckets[-1], **self._kw())
+                          prompt_len=self.prompt_buckets[-1], **self._kw())
 
   def run(self, max_steps: int):
-    e = self.engine
+    """One `_run`: returns (the decoder's progress view, steps run, occupied slot-steps)."""
     occupied = np.array([s is not None for s in self.slots])
     # With requests waiting, return once enough rows finished to admit a batch of them
     # (fewer host round trips); with none waiting, as soon as one row finishes.
-    min_finished = min(len(self.queue), e.refill) if self.queue else 1
+    min_finished = min(len(self.queue), self.refill) if self.queue else 1
     limit = np.array([s.request.max_new_tokens if s else self.gen_length for s in self.slots],
                      np.int32)
-    with e.context():
+    with self.context():
       self.state, steps, view = _run(self.params, self.state, self.retire, limit, occupied,
                                      np.int32(max_steps), np.int32(max(min_finished, 1)),
                                      **self._kw())
     self.retire = np.zeros_like(self.retire)
     view = jax.device_get((steps, view))
     steps = int(view[0])
-    self.steps += steps
-    self.occupied_steps += steps * int(occupied.sum())
-    return view[1]
+    return view[1], steps, steps * int(occupied.sum())
+
+  def warmup(self) -> None:
+    """Compiles every admission shape (admit size x prompt bucket) and the run loop, then
+    empties the lane again. Needs an idle lane."""
+    for a in self.admit_sizes:
+      for p in self.prompt_buckets:
+        dummy = [Request(-1, (self.filler_id,) * p, self.method, 1, (), 0, 0.0)] * a
+        self.admit_batch(dummy, list(range(a)))
+    self.retire[:] = True
+    self.run(1)
+    self.state = self._empty_state()
 
   # ------------------------------------------------------------------ host loop
   @property
@@ -199,12 +245,12 @@ class Lane:
   def busy(self) -> bool:
     return bool(self.queue) or self.occupied > 0
 
-  def step(self) -> list:
-    e = self.engine
+  def step(self) -> Report:
+    """Admits waiting requests, runs, harvests: what happened, for the engine to record."""
     events: list = []
     free = [i for i, s in enumerate(self.slots) if s is None]
     while free and self.queue:
-      take = min(len(free), len(self.queue), e.admit_sizes[-1])
+      take = min(len(free), len(self.queue), self.admit_sizes[-1])
       batch = [self.queue.popleft() for _ in range(take)]
       where, free = free[:take], free[take:]
       self.admit_batch(batch, where)
@@ -213,14 +259,15 @@ class Lane:
         self.slots[slot] = _Live(request, now)
         self.retire[slot] = False  # the slot holds a fresh row now
     if not self.occupied:
-      return events
-    response, prefix, done, finite, nfe = self.run(e.max_steps_per_run)
+      return Report(events)
+    (response, prefix, done, finite, nfe), steps, occupied_steps = self.run(
+        self.max_steps_per_run)
     now = time.perf_counter()
     for b, live in enumerate(self.slots):
       if live is not None:
         events.extend(self._harvest(b, live, response[b], int(prefix[b]), bool(done[b]),
                                     bool(finite[b]), int(nfe[b]), now))
-    return events
+    return Report(events, steps, occupied_steps)
 
   def _harvest(self, b, live, response, prefix, done, finite, nfe, now) -> list:
     request = live.request
@@ -247,21 +294,25 @@ class Lane:
     if final:
       ttft = None if live.first_token is None else live.first_token - request.arrival
       events.append(self._free(b, done, Result(
-          request.id, tokens=tuple(tokens), text=self.engine.decode_text(tokens), nfe=nfe,
+          request.id, tokens=tuple(tokens), text=self._text(tokens), nfe=nfe,
           ttft=ttft, latency=now - request.arrival, queued=live.admitted - request.arrival)))
     return events
+
+  def _text(self, tokens) -> str | None:
+    return None if self.decode_text is None else self.decode_text(tokens)
 
   def _free(self, b: int, done: bool, result: Result) -> Result:
     self.slots[b] = None
     self.retire[b] = not done
-    self.engine._record(result)
     return result
 
   def cancel(self, request_id: int) -> Result | None:
+    """The cancelled request's Result (for the caller to record), or None if this lane
+    does not hold it."""
     for request in self.queue:
       if request.id == request_id:
         self.queue.remove(request)
-        return self.engine._record(cancelled(request, None, time.perf_counter()))
+        return cancelled(request, None, time.perf_counter())
     for b, live in enumerate(self.slots):
       if live is not None and live.request.id == request_id:
         return self._free(b, False, cancelled(live.request, live, time.perf_counter()))

@@ -44,7 +44,7 @@ from dllm_jax.decoding import base
 from dllm_jax.decoding import speculative as spec
 from dllm_jax.models import transformer
 from dllm_jax.models.config import ModelConfig
-from dllm_jax.parallel import mesh as mesh_lib
+from dllm_jax.parallel import sharding
 from dllm_jax.serving import rows
 
 
@@ -81,9 +81,8 @@ class DraftedRows(rows.RowDecoder):
   def lane_params(self, params, cfg: ModelConfig, static, options: dict, mesh, rules):
     drafter = options["drafter_params"]
     if mesh is not None:
-      drafter = mesh_lib.place_params(
-          drafter, functools.partial(transformer.abstract_params, static.drafter_cfg), mesh,
-          rules)
+      drafter = sharding.place_params(drafter, mesh, rules, abstract=functools.partial(
+          transformer.abstract_params, static.drafter_cfg))
     return params, drafter
 
   def gen_length(self, static) -> int:
