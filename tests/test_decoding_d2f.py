@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dllm_jax.decoding import protocol
 from dllm_jax.decoding import base, d2f
 from dllm_jax.decoding import d2f_state as ds
 from dllm_jax.models import forward, get_preset, init_params
@@ -200,10 +201,11 @@ def test_while_loop_equals_python_loop_of_step(params, batch):
   kw = dict(gen_length=G, max_active_blocks=2, **TWO_IN_FLIGHT)
   looped, final = d2f.d2f_generate(params, CFG, *batch, return_state=True, **kw)
   spec, limits = d2f.make_spec(CFG, **kw)
-  state = d2f.init_state(params, *batch, jax.random.key(0), limits, cfg=CFG, spec=spec)
+  decoder = d2f.D2FDecoder(CFG, spec)
+  state = protocol.jit_init(params, *batch, jax.random.key(0), limits, decoder=decoder)
   in_flight, lengths = [], []
   while not bool(jnp.all(state.done)):
-    state = d2f.step(params, state, cfg=CFG, spec=spec)
+    state = protocol.jit_step(params, state, decoder=decoder)
     in_flight.append(np.asarray(state.n_blocks - state.ready))
     lengths.append(np.asarray(state.cache.length))
   np.testing.assert_array_equal(looped.tokens, d2f.output(spec, state).tokens)

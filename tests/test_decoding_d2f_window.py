@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dllm_jax.decoding import protocol
 from dllm_jax.decoding import base, d2f
 from dllm_jax.decoding import d2f_state as ds
 from tests.test_decoding_d2f import CFG, PROMPTS, peaked_params
@@ -58,14 +59,15 @@ def test_each_step_runs_the_smallest_bucket_that_holds_the_span(params, batch):
   kw = dict(gen_length=G, block_length=K, tau_add=0.0, tau_act=0.5, tau_conf=0.7)
   spec, limits = d2f.make_spec(CFG, **kw)
   assert spec.window == "fitted" and spec.window_blocks == ds.bucket_sizes(spec.num_blocks)
-  state = d2f.init_state(params, *batch, jax.random.key(0), limits, cfg=CFG, spec=spec)
+  decoder = d2f.D2FDecoder(CFG, spec)
+  state = protocol.jit_init(params, *batch, jax.random.key(0), limits, decoder=decoder)
   p = batch[0].shape[1]
   assert int(state.forward_slots) == p + K  # the first forward: prompt plus block 0
   widths = []
   while not bool(jnp.all(state.done)):
     span = int(jnp.max(jnp.where(state.done, 0, state.n_blocks - state.cached)))
     before = int(state.forward_slots)
-    state = d2f.step(params, state, cfg=CFG, spec=spec)
+    state = protocol.jit_step(params, state, decoder=decoder)
     width = (int(state.forward_slots) - before) // K
     assert width == next(s for s in spec.window_blocks if s >= span), (span, width)
     widths.append(width)

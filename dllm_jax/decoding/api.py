@@ -36,14 +36,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import flax.linen as nn
 import jax
 import numpy as np
 
 from dllm_jax.decoding import base, buckets, protocol, registry
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.parallel import mesh as mesh_lib
-from dllm_jax.parallel import sharding
 
 option_names, check_options, plan = protocol.option_names, protocol.check_options, protocol.plan
 
@@ -114,8 +112,8 @@ def generate(params, cfg: ModelConfig, prompts, *, method: str = registry.DEFAUL
     out, _ = data_parallel.run_plan(params, the_plan, tokens, valid, rng, mesh=mesh,
                                     rules=rules)
   elif mesh is not None:
-    out = _run_on_mesh(the_plan, params, tokens, valid, rng, mesh,
-                       mesh_lib.rules_from_config(rules))
+    out = protocol.run_on_mesh(the_plan, params, tokens, valid, rng, mesh,
+                               mesh_lib.rules_from_config(rules))
   else:
     out = protocol.run(the_plan.params(params), *base.prompt_inputs(tokens, valid), rng,
                        the_plan.traced, the_plan.row_inputs, decoder=the_plan.decoder)
@@ -134,23 +132,6 @@ def _data_parallel_mode(data_parallel, mesh, rules) -> str | None:
   if mesh_lib.data_parallel_size(mesh, mesh_lib.rules_from_config(rules)) == 1:
     return "spmd"  # nothing to split: the two are the same program
   return data_parallel or "shard_map"
-
-
-def _run_on_mesh(the_plan: protocol.Plan, params, tokens, valid, rng, mesh, rules):
-  """Places the batch (a multiple of the data-parallel size) and params not yet on the mesh,
-  and runs the decode as one SPMD program."""
-  decoder = the_plan.decoder.on_mesh(mesh, rules)
-  params = sharding.place_params(the_plan.params(params), mesh, rules,
-                                 abstract=decoder.abstract_params)
-  batch = mesh_lib.batch_sharding(mesh, 2, rules)
-  tokens, valid = jax.device_put(tokens, batch), jax.device_put(valid, batch)
-  rng = jax.device_put(rng, mesh_lib.replicated(mesh))
-  row_inputs = the_plan.row_inputs
-  if row_inputs is not None:
-    row_inputs = jax.device_put(np.asarray(row_inputs), mesh_lib.batch_sharding(mesh, 1, rules))
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    return protocol.run(params, tokens, valid, rng, the_plan.traced, row_inputs,
-                        decoder=decoder)
 
 
 def _pad_row_options(decoder_cls, options: dict, b: int, rows: int) -> dict:

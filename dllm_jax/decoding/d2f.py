@@ -386,12 +386,6 @@ def _keep_going(spec: D2FSpec, state: D2FState) -> Array:
   return (state.steps < spec.gen_length) & ~jnp.all(state.done)
 
 
-def _run(params, state: D2FState, *, cfg: ModelConfig, spec: D2FSpec, mesh=None,
-         rules=mesh_lib.DEFAULT_RULES) -> D2FState:
-  body = functools.partial(_step, params, cfg=cfg, spec=spec, mesh=mesh, rules=rules)
-  return jax.lax.while_loop(functools.partial(_keep_going, spec), body, state)
-
-
 def output(spec: D2FSpec, state: D2FState) -> base.DecodeOutput:
   """The decode record: tokens cut at the first stop, lengths, NFE (= steps)."""
   tokens, lengths, _ = base.finalize(state.response, state.decided, spec.stop_ids,
@@ -399,19 +393,6 @@ def output(spec: D2FSpec, state: D2FState) -> base.DecodeOutput:
   return base.decode_output(tokens, lengths, state.steps, state.steps,
                             state.decided.sum(1, dtype=jnp.int32), state.done, state.finite,
                             spec.pad_id)
-
-
-def _decode(params, prompt, valid, rng, limits, *, cfg, spec, mesh=None,
-            rules=mesh_lib.DEFAULT_RULES):
-  kw = dict(cfg=cfg, spec=spec, mesh=mesh, rules=rules)
-  state = _run(params, _init(params, prompt, valid, rng, limits, **kw), **kw)
-  return output(spec, state), state.replace(cache=None, last_logits=None)
-
-
-_STATIC = ("cfg", "spec", "mesh", "rules")
-init_state = jax.jit(_init, static_argnames=_STATIC)
-step = jax.jit(_step, static_argnames=_STATIC, donate_argnames=("state",))
-decode = jax.jit(_decode, static_argnames=_STATIC)
 
 
 # ----------------------------------------------------------------------------- the decoder
@@ -476,6 +457,10 @@ class D2FDecoder(protocol.Decoder):
 
   def output(self, state):
     return output(self.opts, state)
+
+  def stats(self, state):
+    """The final state without its cache: per-row `forwards`, `block_steps`, cursors."""
+    return state.replace(cache=None, last_logits=None)
 
   def with_offset(self, traced, offset):
     return traced.replace(row_offset=offset)
@@ -547,13 +532,12 @@ def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng
   Returns:
     base.DecodeOutput (and the state when return_state).
   """
-  spec, limits = make_spec(
-      cfg, gen_length=gen_length, block_length=block_length, block_size=block_size,
-      max_active_blocks=max_active_blocks, tau_add=tau_add, tau_act=tau_act,
-      tau_conf=tau_conf, temperature=temperature, remasking=remasking, use_cache=use_cache,
-      window=window)
-  return _generate(params, cfg, spec, limits, prompt_tokens, prompt_valid, rng, mesh, rules,
-                   return_state, on_nonfinite)
+  return protocol.decode_batch(
+      D2FDecoder, params, cfg, prompt_tokens, prompt_valid, rng, on_nonfinite=on_nonfinite,
+      with_stats=return_state, mesh=mesh, rules=rules, gen_length=gen_length,
+      block_length=block_length, block_size=block_size, max_active_blocks=max_active_blocks,
+      tau_add=tau_add, tau_act=tau_act, tau_conf=tau_conf, temperature=temperature,
+      remasking=remasking, use_cache=use_cache, window=window)
 
 
 def block_diffusion_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None,
@@ -577,46 +561,9 @@ def block_diffusion_generate(params, cfg: ModelConfig, prompt_tokens, prompt_val
   steps per block are dynamic (at most k) and nfe counts the forwards actually run
   (`unmasking.py` states each rule exactly). Other arguments as in `d2f_generate`.
   """
-  spec, limits = block_diffusion_options(
-      cfg, gen_length=gen_length, block_length=block_length, block_size=block_size,
+  return protocol.decode_batch(
+      BlockDiffusionDecoder, params, cfg, prompt_tokens, prompt_valid, rng,
+      on_nonfinite=on_nonfinite, with_stats=return_state, mesh=mesh, rules=rules,
+      gen_length=gen_length, block_length=block_length, block_size=block_size,
       steps_per_block=steps_per_block, temperature=temperature, remasking=remasking,
       use_cache=use_cache, unmasking=unmasking, entropy_bound=entropy_bound)
-  return _generate(params, cfg, spec, limits, prompt_tokens, prompt_valid, rng, mesh,
-                   rules, return_state, on_nonfinite)
-
-
-def prepare(params, cfg, spec, limits, prompt, valid, rng, mesh, rules):
-  """Checks the prompts and places every input (params only when not already on the mesh).
-
-  Returns (params, prompt, valid, rng, limits, static keywords of the jitted functions)."""
-  base.check_prompts(cfg, prompt, valid, spec.gen_length, block_length=spec.block_size)
-  prompt, valid = base.prompt_inputs(prompt, valid)
-  rng = jax.random.key(0) if rng is None else rng
-  if mesh is None:
-    return params, prompt, valid, rng, limits, dict(cfg=cfg, spec=spec)
-  rules = mesh_lib.rules_from_config(rules)
-  dp = mesh_lib.data_parallel_size(mesh, rules)
-  if prompt.shape[0] % dp:
-    raise ValueError(f"batch {prompt.shape[0]} is not divisible by the mesh's "
-                     f"data-parallel size {dp}; pad the batch with dummy prompts.")
-  params = sharding.place_params(params, mesh, rules,
-                                 abstract=functools.partial(model_lib.abstract_params, cfg))
-  rows = mesh_lib.batch_sharding(mesh, 2, rules)
-  prompt, valid = jax.device_put(prompt, rows), jax.device_put(valid, rows)
-  rng, limits = jax.device_put((rng, limits), mesh_lib.replicated(mesh))
-  return params, prompt, valid, rng, limits, dict(cfg=cfg, spec=spec, mesh=mesh, rules=rules)
-
-
-def _generate(params, cfg, spec, limits, prompt, valid, rng, mesh, rules, return_state,
-              on_nonfinite="raise"):
-  """Checks the prompts, places inputs on the mesh, runs the jitted decode."""
-  base.check_on_nonfinite(on_nonfinite)
-  params, prompt, valid, rng, limits, kw = prepare(params, cfg, spec, limits, prompt, valid,
-                                                   rng, mesh, rules)
-  if mesh is None:
-    out, state = decode(params, prompt, valid, rng, limits, **kw)
-  else:
-    with jax.set_mesh(mesh), nn.logical_axis_rules(kw["rules"]):
-      out, state = decode(params, prompt, valid, rng, limits, **kw)
-  base.raise_if_nonfinite(out, on_nonfinite)
-  return (out, state) if return_state else out

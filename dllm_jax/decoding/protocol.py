@@ -50,12 +50,15 @@ import dataclasses
 import functools
 from typing import Any, ClassVar
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from dllm_jax.decoding import base, registry
 from dllm_jax.models.config import ModelConfig
+from dllm_jax.parallel import mesh as mesh_lib
+from dllm_jax.parallel import sharding
 
 Array = jnp.ndarray
 
@@ -259,20 +262,46 @@ def check_row_inputs(plan: Plan, batch: int) -> None:
                      "one per prompt.")
 
 
+def run_on_mesh(plan: Plan, params, tokens, valid, rng, mesh, rules, with_stats=False):
+  """`run` as one SPMD program on `mesh`: the batch (a multiple of the data-parallel size)
+  split over the data axes, params not yet on the mesh placed by `parallel.place_params`."""
+  dp = mesh_lib.data_parallel_size(mesh, rules)
+  if np.shape(tokens)[0] % dp:
+    raise ValueError(f"batch {np.shape(tokens)[0]} is not divisible by the mesh's "
+                     f"data-parallel size {dp}; pad the batch with dummy prompts (generate "
+                     "does).")
+  decoder = plan.decoder.on_mesh(mesh, rules)
+  params = sharding.place_params(plan.params(params), mesh, rules,
+                                 abstract=decoder.abstract_params)
+  batch = mesh_lib.batch_sharding(mesh, 2, rules)
+  tokens, valid = jax.device_put(tokens, batch), jax.device_put(valid, batch)
+  rng, traced = jax.device_put((rng, plan.traced), mesh_lib.replicated(mesh))
+  row_inputs = plan.row_inputs
+  if row_inputs is not None:
+    row_inputs = jax.device_put(np.asarray(row_inputs), mesh_lib.batch_sharding(mesh, 1, rules))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    return run(params, tokens, valid, rng, traced, row_inputs, decoder=decoder,
+               with_stats=with_stats)
+
+
 def decode_batch(decoder_cls, params, cfg: ModelConfig, prompt_tokens, prompt_valid=None,
                  rng=None, *, on_nonfinite: str = "raise", with_stats: bool = False,
-                 **options):
-  """One decode of a left-padded batch on one device: what each method's `*_generate`
-  function runs (`api.generate` adds buckets and meshes). Returns the DecodeOutput, and the
-  decoder's `stats` too when `with_stats`."""
+                 mesh=None, rules=None, **options):
+  """One decode of a left-padded batch, on one device or as one SPMD program on `mesh`:
+  what each method's `*_generate` function runs (`api.generate` adds buckets and shard_map).
+  Returns the DecodeOutput, and the decoder's `stats` too when `with_stats`."""
   base.check_on_nonfinite(on_nonfinite)
   plan = decoder_cls.plan(cfg, **options)
   plan.decoder.check(prompt_tokens, prompt_valid)
   check_row_inputs(plan, np.shape(prompt_tokens)[0])
   rng = jax.random.key(0) if rng is None else rng
   tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
-  out = run(plan.params(params), tokens, valid, rng, plan.traced, plan.row_inputs,
-            decoder=plan.decoder, with_stats=with_stats)
+  if mesh is None:
+    out = run(plan.params(params), tokens, valid, rng, plan.traced, plan.row_inputs,
+              decoder=plan.decoder, with_stats=with_stats)
+  else:
+    out = run_on_mesh(plan, params, tokens, valid, rng, mesh, mesh_lib.rules_from_config(rules),
+                      with_stats)
   if with_stats:
     return base.raise_if_nonfinite(out[0], on_nonfinite), out[1]
   return base.raise_if_nonfinite(out, on_nonfinite)
