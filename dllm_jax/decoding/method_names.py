@@ -11,3 +11,8 @@ METHOD_NAMES = ("ar", "llada", "dream", "fast_dllm", "d2f", "block_diffusion", "
 
 # The methods that draft with a second model (they take drafter_params / drafter_cfg).
 DRAFTER_METHODS = ("speculative", "adaptive")
+
+# The methods that rank confidences and so take the `batch_invariant` option (the command
+# line's --batch_invariant flag); ar and selfspec never rank.
+RANKING_METHODS = ("llada", "dream", "fast_dllm", "d2f", "block_diffusion", "speculative",
+                   "adaptive")
