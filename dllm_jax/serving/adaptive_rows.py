@@ -67,7 +67,7 @@ class AdaptiveRows(speculative_rows.DraftedRows):
     if "tasks" in options:
       raise ValueError("tasks= is generate's list of one tag per prompt; a request names its "
                        "own tag with task=<tag> (one of the lane's task_modes).")
-    run = adaptive.run_options(cfg, **options)
+    run = adaptive.run_options(cfg, **rows.invariant_options(self.method, options))
     return AdaptiveStatic(run.opts, run.drafter_cfg)
 
   def row_input(self, opts: AdaptiveStatic, options: dict) -> int:

@@ -105,8 +105,7 @@ class SpeculativeRows(DraftedRows):
     super().__init__(method="speculative", needs_mask=False)
 
   def make_options(self, cfg: ModelConfig, options: dict) -> SpecStatic:
-    options = dict(options)
-    run = spec.run_options(cfg, **options)
+    run = spec.run_options(cfg, **rows.invariant_options(self.method, options))
     return SpecStatic(run.opts, run.drafter_cfg)
 
   def drafter_capacity(self, static: SpecStatic, prompt_len: int) -> int:
