@@ -177,12 +177,26 @@ def test_method_names_are_the_decoders():
   from dllm_jax.sampler import takes_drafter
   assert decoding.METHOD_NAMES == tuple(decoding.METHODS)
   assert set(decoding.DRAFTER_METHODS) == {m for m in decoding.METHODS if takes_drafter(m)}
+  assert set(decoding.RANKING_METHODS) == {m for m in decoding.METHODS
+                                           if "batch_invariant" in decoding.option_names(m)}
+
+
+def test_batch_invariant_flag_reaches_the_sampler():
+  """--batch_invariant is the option batch_invariant=True, passed through to the decoder."""
+  args = generate.build_parser().parse_args(
+      ["--preset", "tiny", "--method", "llada", "--prompt", "x", "--batch_invariant"])
+  assert generate.make_sampler(args).options["batch_invariant"] is True
+  args = generate.build_parser().parse_args(["--preset", "tiny", "--method", "llada",
+                                             "--prompt", "x"])
+  assert "batch_invariant" not in generate.make_sampler(args).options
 
 
 @pytest.mark.parametrize("flags, expected", [
     (["--method", "beam"], "error: --method 'beam' is unknown; use one of ['adaptive', 'ar',"),
     (["--method", "speculative"], "error: --method speculative drafts with a second model"),
     (["--drafter_model", "d"], "error: --drafter_model applies to --method speculative or"),
+    (["--method", "ar", "--batch_invariant"],
+     "error: --batch_invariant applies to the methods that rank confidences"),
     (["--mesh", "{tensor: 8}"], "error: --mesh '{tensor: 8}' is not JSON"),
     (["--mesh", '{"tensr": 8}'], "error: --mesh names unknown axes ['tensr']; the axes are"),
     (["--methd", "d2f"], "error: unrecognized arguments: --methd d2f"),  # argparse's

@@ -98,6 +98,7 @@ from dllm_jax import _lazy
 _EXPORTS = {
     "METHODS": "api", "generate": "api", "option_names": "api",
     "DRAFTER_METHODS": "method_names", "METHOD_NAMES": "method_names",
+    "RANKING_METHODS": "method_names",
     "AROptions": "ar", "ar_generate": "ar",
     "DecodeOutput": "base", "NonFiniteLogitsError": "base", "pad_prompts": "base",
     "block_diffusion_generate": "d2f", "d2f_generate": "d2f",
