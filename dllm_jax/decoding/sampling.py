@@ -25,8 +25,9 @@ option):
   batch-invariant (invariant=True)  scores rounded to a grid of `RANK_GRID` before ranking,
       ties to the lowest slot. A forward's float noise depends on the batch size and the mesh
       (different matmul blockings and reduction orders, ~1e-6 on entropies); exact scores
-      can rank a near-tie differently alone, in a batch and on a mesh, the grid does not
-      (unless two scores straddle a grid boundary, which noise of ~1e-6 makes rare).
+      can rank a near-tie differently alone, in a batch and on a mesh; the grid does not,
+      unless the noise moves a score across a grid line (no row of the trained demo models;
+      5-6% of rows with entropy scores on near-uniform random weights).
 
 The mode is static, so the default program has no rounding in it. docs/design.md ("Ranking:
 reference order vs batch invariance") states the trade-off with measured flip rates.
