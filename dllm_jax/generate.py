@@ -18,10 +18,11 @@
 The model directory kind is detected (see dllm_jax.loading); its tokenizer, chat template and
 special ids come with it. Everything runs through `dllm_jax.sampler.Sampler`. Decoder options
 are repeated `--opt key=value` flags (numbers, nan/inf, true/false, none, strings), checked by
-the decoder. Prints each answer on stdout and tokens/s, NFE and wall time on stderr (`--json`:
-one JSON object). Mistakes (a missing directory, an unknown option, a prompt too long for the
-model window, a damaged checkpoint...) print one `error: ...` line and exit with status 2;
-`--debug` shows the traceback instead.
+the decoder; `--batch_invariant` is `--opt batch_invariant=true` (rank on a grid, so an answer
+is the same alone and in a batch). Prints each answer on stdout and tokens/s, NFE and wall
+time on stderr (`--json`: one JSON object). Mistakes (a missing directory, an unknown option,
+a prompt too long for the model window, a damaged checkpoint...) print one `error: ...` line
+and exit with status 2; `--debug` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -105,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                  help='mesh shape as JSON, e.g. \'{"tensor": 8}\'; default: one device')
   p.add_argument("--opt", action="append", type=_parse_opt, default=[],
                  help="decoder option key=value (e.g. block_length=32, tau_conf=0.9)")
+  p.add_argument("--batch_invariant", action="store_true",
+                 help="rank confidences on a 2^-12 grid, so an answer does not depend on the "
+                      "batch it is decoded in (default: exact order, as the reference "
+                      f"decoders rank); methods {', '.join(registry.ranking_methods())}")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--stream", action="store_true", help="print the answer as it is decoded")
   p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -140,6 +145,10 @@ def check_args(args) -> dict[str, int] | None:
   if args.method in drafter_methods and args.drafter_model is None:
     raise UsageError(f"--method {args.method} drafts with a second model: pass "
                      "--drafter_model DIR (a checkpoint sharing the target's tokenizer).")
+  if args.batch_invariant and args.method not in registry.ranking_methods():
+    raise UsageError(f"--batch_invariant applies to the methods that rank confidences "
+                     f"({', '.join(registry.ranking_methods())}); --method {args.method} never "
+                     "ranks.")
   if args.drafter_model is not None and args.method not in drafter_methods:
     raise UsageError(f"--drafter_model applies to --method {' or '.join(drafter_methods)}, "
                      f"not {args.method}.")
@@ -183,6 +192,8 @@ def make_sampler(args):
     from dllm_jax.parallel import mesh as mesh_lib
     mesh = mesh_lib.make_mesh(shape)
   options = dict(args.opt)
+  if args.batch_invariant:
+    options["batch_invariant"] = True
   if args.gen_length is not None:
     options["gen_length"] = args.gen_length
   if args.preset:

@@ -13,7 +13,9 @@ A prompt becomes token ids exactly once (`encode`), left padded to at least `pro
 fixed prompt region a training run used), and the ids go to `decoding.generate` (or
 `decoding.stream`) with the sampler's method and options, so a sampler gives the tokens the
 decoder gives on the same encoded prompts. A response is the ids before the first stop token,
-detokenized without special tokens, and cut before the first `stop` string.
+detokenized without special tokens, and cut before the first `stop` string. Options pass
+through unchanged: `batch_invariant=True` (methods that rank confidences) makes a prompt's
+answer the same alone and in a batch; the default ranks exactly, as the reference decoders.
 
 `Sampler.load(path)` accepts:
   "demo"          the built-in demo models (dllm_jax.demo; trained on first use, then cached)

@@ -346,19 +346,24 @@ FOUR = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [20, 21, 22, 23]]
 # batch of four on one device, by test_decoding_multidevice's near-ties test (in the default
 # run: `slow` still runs in CI), which needs those programs for its mesh comparison anyway;
 # compiling them here again doubled the cost. The settings below are the ones only this
-# test covers (AR at gen_length 8, Dream's margin ranking, D2F's two rankings).
+# test covers (AR at gen_length 8, Dream's margin ranking, D2F's two rankings). The
+# diffusion methods rank batch-invariantly only when asked (`batch_invariant=True`; the
+# default ranks exact scores, as the references do, and d2f_entropy then differs here).
 INVARIANCE = {
     "ar": dict(gen_length=8),
-    "dream_margin": dict(gen_length=16, block_length=8, steps=8, remasking="topk_margin"),
-    "d2f": dict(gen_length=16, block_length=4, tau_add=0.5, tau_act=0.5, tau_conf=0.7),
-    "d2f_entropy": dict(gen_length=16, block_length=4, remasking="entropy", tau_conf=2.0),
+    "dream_margin": dict(gen_length=16, block_length=8, steps=8, remasking="topk_margin",
+                         batch_invariant=True),
+    "d2f": dict(gen_length=16, block_length=4, tau_add=0.5, tau_act=0.5, tau_conf=0.7,
+                batch_invariant=True),
+    "d2f_entropy": dict(gen_length=16, block_length=4, remasking="entropy", tau_conf=2.0,
+                        batch_invariant=True),
 }
 
 
 @pytest.mark.parametrize("name", list(INVARIANCE))
 def test_a_row_alone_equals_the_row_in_a_batch_of_four(init_model, name):
-  """On the near-uniform init model, confidences nearly tie; ranking on a grid with
-  lowest-slot ties gives a row the same tokens alone and in a batch."""
+  """On the near-uniform init model, confidences nearly tie; with batch_invariant, ranking
+  on a grid with lowest-slot ties gives a row the same tokens alone and in a batch."""
   cfg, params = init_model
   method = name if name in registry.names() else name.rsplit("_", 1)[0]
   many = np.asarray(api.generate(params, cfg, FOUR, method=method, **INVARIANCE[name]).tokens)
@@ -383,12 +388,48 @@ def test_a_padded_batch_equals_each_prompt_alone(model, drafter, method):
                                     np.asarray(getattr(many, f))[i], err_msg=f"row {i} {f}")
 
 
-def test_rank_scores_break_near_ties_by_slot():
+def test_rank_scores_break_near_ties_by_slot_only_when_invariant():
+  """batch_invariant ranks on the grid (near-ties go to the lowest slot); the default ranks
+  the exact scores (exact ties to the lowest slot), as torch.topk / argmax do."""
+  sampling = decoding.sampling
   scores = jnp.asarray([[0.5, 0.5 + 1e-6, 0.2, 0.5 - 1e-6]])
-  np.testing.assert_array_equal(
-      decoding.sampling.top_k_mask(scores, jnp.asarray([2])), [[True, True, False, False]])
-  np.testing.assert_array_equal(decoding.sampling.best_mask(scores[:, ::-1], scores > 0),
+  for invariant in (False, True):
+    np.testing.assert_array_equal(
+        sampling.top_k_mask(scores, jnp.asarray([2]), invariant=invariant),
+        [[True, True, False, False]])
+  rev = scores[:, ::-1]  # [0.5 - 1e-6, 0.2, 0.5 + 1e-6, 0.5]
+  np.testing.assert_array_equal(sampling.best_mask(rev, rev > 0, invariant=True),
                                 [[True, False, False, False]])
+  np.testing.assert_array_equal(sampling.best_mask(rev, rev > 0), [[False, False, True, False]])
+  np.testing.assert_array_equal(sampling.top_k_mask(rev, jnp.asarray([1])),
+                                [[False, False, True, False]])
+  np.testing.assert_array_equal(sampling.top_k_mask(rev, jnp.asarray([1]), invariant=True),
+                                [[True, False, False, False]])
+  tied = jnp.asarray([[0.3, 0.7, 0.3, 0.7]])  # exact ties: the lowest slot in either mode
+  for invariant in (False, True):
+    np.testing.assert_array_equal(sampling.best_mask(tied, tied > 0, invariant=invariant),
+                                  [[False, True, False, False]])
+    np.testing.assert_array_equal(
+        sampling.top_k_mask(tied, jnp.asarray([3]), invariant=invariant),
+        [[True, True, False, True]])
+  np.testing.assert_array_equal(sampling.rank_scores(scores, False), scores)
+  with pytest.raises(TypeError, match="static Python bool"):
+    jax.jit(lambda s, f: sampling.rank_scores(s, f))(scores, True)
+
+
+def test_batch_invariant_is_a_checked_option_of_the_ranking_methods():
+  """Every method that ranks takes batch_invariant (a bool, checked before compiling); ar
+  and selfspec never rank and refuse it as unknown."""
+  cfg = get_preset("tiny")
+  for method in registry.names():
+    names = api.option_names(method)
+    assert ("batch_invariant" in names) == (method not in ("ar", "selfspec")), method
+    if method in ("ar", "selfspec"):
+      with pytest.raises(ValueError, match="Unknown option"):
+        api.generate(None, cfg, [[5, 6]], method=method, gen_length=8, batch_invariant=True)
+      continue
+    with pytest.raises(ValueError, match="batch_invariant must be True or False"):
+      api.generate(None, cfg, [[5, 6]], method=method, gen_length=8, batch_invariant=1)
 
 
 # ----------------------------------------------------------------------------- placement

@@ -188,7 +188,9 @@ def test_shifted_logits_model(params, batch):
 
 
 def test_batch_equals_single_rows(params, batch):
-  kw = dict(gen_length=G, block_length=K, tau_add=0.1, tau_act=0.95, tau_conf=0.9)
+  """With batch_invariant (ranking on the grid) a row alone gives its batch result."""
+  kw = dict(gen_length=G, block_length=K, tau_add=0.1, tau_act=0.95, tau_conf=0.9,
+            batch_invariant=True)
   out, state = d2f.d2f_generate(params, CFG, *batch, return_state=True, **kw)
   toks, valid = batch  # rows keep their own padding (one compile for all three)
   for row in range(len(PROMPTS)):
@@ -289,7 +291,7 @@ def test_eight_devices_equal_one(run_devices):
       params = t.peaked_params()
       toks, valid = base.pad_prompts(t.PROMPTS + [[20, 21, 22]], t.CFG.pad_token_id)
       kw = dict(gen_length=16, block_length=4, tau_add=0.5, tau_act=0.5, tau_conf=0.7,
-                max_active_blocks=2)
+                max_active_blocks=2, batch_invariant=True)  # a mesh: rank on the grid
       one = d2f.d2f_generate(params, t.CFG, toks, valid, **kw)
       mesh = mesh_lib.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
       many = d2f.d2f_generate(params, t.CFG, toks, valid, mesh=mesh, **kw)

@@ -4,7 +4,9 @@ The 8-device checks run in a subprocess (XLA reads the device count once, at imp
 batch has one long row and seven short ones (`dp_bench.uneven_batch` picks the EOS id from
 the model's own greedy AR output), one row per device: the devices' step counts differ,
 and every method's tokens equal 1-device decoding, greedy and sampled (each shard draws its
-rows' keys by global row index).
+rows' keys by global row index). The diffusion methods rank with batch_invariant=True (the
+grid): the default ranks exact scores, as the references do, and promises no invariance
+across batch sizes and meshes.
 
 The subprocess compiles at XLA's backend optimization level 0: both sides of every
 comparison are compiled alike, and compiling, not running, is most of its time.
@@ -31,11 +33,14 @@ params = dp_bench.random_params(base_cfg)
 mesh = mesh_lib.make_mesh({"data": 8})
 runs = {
     "ar": dict(gen_length=8, top_k=10),
-    "llada": dict(gen_length=8, block_length=4, steps=8),
-    "dream": dict(gen_length=8, block_length=4, steps=8),
-    "fast_dllm": dict(gen_length=8, block_length=4, threshold=0.5, cache="dual"),
-    "d2f": dict(gen_length=8, block_length=2, tau_conf=0.5, tau_add=0.5, tau_act=0.5),
-    "block_diffusion": dict(gen_length=8, block_length=2, steps_per_block=1),
+    "llada": dict(gen_length=8, block_length=4, steps=8, batch_invariant=True),
+    "dream": dict(gen_length=8, block_length=4, steps=8, batch_invariant=True),
+    "fast_dllm": dict(gen_length=8, block_length=4, threshold=0.5, cache="dual",
+                      batch_invariant=True),
+    "d2f": dict(gen_length=8, block_length=2, tau_conf=0.5, tau_add=0.5, tau_act=0.5,
+                batch_invariant=True),
+    "block_diffusion": dict(gen_length=8, block_length=2, steps_per_block=1,
+                            batch_invariant=True),
 }
 # fast_dllm's keys use the batch's loop step, which depends on when the whole batch moves to
 # the next block, so its sampled tokens already differ between a row alone and in a batch.

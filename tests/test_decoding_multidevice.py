@@ -6,11 +6,13 @@ subprocess prints one line per check; each test asserts on its own lines.
 
 First part: the batch of 3 rows is padded to the data-parallel size 4 by `generate`;
 sampling at temperature > 0 checks that a row's random keys do not depend on the padding or
-the sharding.
+the sharding. The diffusion methods rank with batch_invariant=True (the grid) in both parts:
+the default ranks exact scores, as the references do, and promises no mesh invariance.
 
 Second part: the model's own random init, whose confidences nearly tie (entropy noise across
 batch sizes and meshes is ~1e-6): every row alone, in a batch of 4 and on a
-{data: 2, tensor: 4} mesh must get the same tokens (ranking on a grid, lowest slot first),
+{data: 2, tensor: 4} mesh must get the same tokens (batch_invariant: ranking on a grid,
+lowest slot first),
 and params already sharded on the mesh must be used where they are. Its AR run uses the
 first part's gen_length (12) so both parts share the 1-device AR program (fast_dllm's
 options are the same in both parts already).
@@ -36,8 +38,10 @@ params = random_params(cfg)
 mesh = mesh_lib.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
 runs = {
     "ar": dict(gen_length=12, temperature=1.0, top_k=10),
-    "llada": dict(gen_length=16, block_length=8, steps=8, cfg_scale=1.0, temperature=0.7),
-    "fast_dllm": dict(gen_length=16, block_length=8, threshold=0.5, cache="dual"),
+    "llada": dict(gen_length=16, block_length=8, steps=8, cfg_scale=1.0, temperature=0.7,
+                  batch_invariant=True),
+    "fast_dllm": dict(gen_length=16, block_length=8, threshold=0.5, cache="dual",
+                      batch_invariant=True),
 }
 for method, kw in runs.items():
   rng = jax.random.key(5)
@@ -95,13 +99,14 @@ assert sharding.place_params(sharded, mesh, rules, abstract=abstract) is sharded
 four = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [20, 21, 22, 23]]
 runs = {
     "ar": dict(gen_length=12),
-    "llada": dict(gen_length=16, block_length=8, steps=8),
-    "dream": dict(gen_length=16, block_length=8, steps=8),
-    "fast_dllm": dict(gen_length=16, block_length=8, threshold=0.5, cache="dual"),
+    "llada": dict(gen_length=16, block_length=8, steps=8, batch_invariant=True),
+    "dream": dict(gen_length=16, block_length=8, steps=8, batch_invariant=True),
+    "fast_dllm": dict(gen_length=16, block_length=8, threshold=0.5, cache="dual",
+                      batch_invariant=True),
     "d2f": dict(gen_length=16, block_length=4, remasking="entropy", tau_conf=0.7,
-                tau_add=0.5, tau_act=0.5),
+                tau_add=0.5, tau_act=0.5, batch_invariant=True),
     "block_diffusion": dict(gen_length=16, block_length=4, steps_per_block=2,
-                            remasking="entropy"),
+                            remasking="entropy", batch_invariant=True),
 }
 real_put = jax.device_put
 leaves = {id(x) for x in jax.tree_util.tree_leaves(sharded)}

@@ -33,8 +33,10 @@ def test_every_method_adds(demo_cache, method):
 
   `37+48=` rides in the held-out batch (49 rows, the same 64-row batch bucket as 48): one
   compiled decode per method instead of a second one for a batch of 1. A row's answer does not
-  depend on the rest of its batch (test_sampler.test_batch_rows_equal_single_prompts and the
-  serving tests check that exactly); the one-string call is test_cli_demo_prints_the_answer's.
+  depend on the rest of its batch with batch_invariant=True (test_sampler's
+  test_batch_rows_equal_single_prompts and the serving tests check that exactly), and on
+  these models not with the default either (docs/design.md, section 13); the one-string
+  call is test_cli_demo_prints_the_answer's.
   """
   sampler = Sampler.load("demo", method)
   prompts, answers = _held_out()

@@ -179,12 +179,26 @@ def test_method_names_are_the_decoders():
   assert set(registry.drafter_methods()) == {
       m for m in registry.names() if registry.get(m).uses_drafter}
   assert all("drafter_params" in decoding.option_names(m) for m in registry.drafter_methods())
+  assert set(registry.ranking_methods()) == {
+      m for m in registry.names() if "batch_invariant" in decoding.option_names(m)}
+
+
+def test_batch_invariant_flag_reaches_the_sampler():
+  """--batch_invariant is the option batch_invariant=True, passed through to the decoder."""
+  args = generate.build_parser().parse_args(
+      ["--preset", "tiny", "--method", "llada", "--prompt", "x", "--batch_invariant"])
+  assert generate.make_sampler(args).options["batch_invariant"] is True
+  args = generate.build_parser().parse_args(["--preset", "tiny", "--method", "llada",
+                                             "--prompt", "x"])
+  assert "batch_invariant" not in generate.make_sampler(args).options
 
 
 @pytest.mark.parametrize("flags, expected", [
     (["--method", "beam"], "error: --method 'beam' is unknown; use one of ['adaptive', 'ar',"),
     (["--method", "speculative"], "error: --method speculative drafts with a second model"),
     (["--drafter_model", "d"], "error: --drafter_model applies to --method speculative or"),
+    (["--method", "ar", "--batch_invariant"],
+     "error: --batch_invariant applies to the methods that rank confidences"),
     (["--mesh", "{tensor: 8}"], "error: --mesh '{tensor: 8}' is not JSON"),
     (["--mesh", '{"tensr": 8}'], "error: --mesh names unknown axes ['tensr']; the axes are"),
     (["--methd", "d2f"], "error: unrecognized arguments: --methd d2f"),  # argparse's

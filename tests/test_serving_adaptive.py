@@ -1,7 +1,8 @@
 """Task-adaptive decoding served by the engine: every request equals its prompt decoded alone.
 
 References: each prompt's one-prompt `generate([prompt], method="adaptive",
-rng=request_keys([seed]), tasks=[its tag])` with the lane's drafter, rule and tag map, cut
+rng=request_keys([seed]), tasks=[its tag])` with the lane's drafter, rule and tag map (and
+batch_invariant=True, as the engine decodes: `served`), cut
 before the request's stop ids and at max_new_tokens, with the same forwards where the
 request ran to its end. The target is test_serving_engine's peaked random tiny model and the
 drafter the same weights read as a D2F (block-causal) drafter. The tag map forces each mode
@@ -20,7 +21,7 @@ import pytest
 from dllm_jax.decoding import adaptive, generate
 from dllm_jax.serving import BadOptionError, Engine, MaskInPromptError, request_keys
 from test_serving_engine import (CFG, G, assert_streams_add_up, params,  # noqa: F401
-                                 workload)
+                                 served, workload)
 
 TAGS = {"sum": "ar", "sort": "parallel", "copy": "verify", "other": "auto"}
 RULE = dict(draft_length=3, parallel_confidence=0.75, ar_confidence=0.6, min_acceptance=0.3,
@@ -47,7 +48,7 @@ def alone(params, options, requests):
   refs = []
   for prompt, kw, tag in requests:
     one = generate(params, CFG, [prompt], method="adaptive", rng=request_keys([kw["seed"]]),
-                   tasks=[tag], **options)
+                   tasks=[tag], **served("adaptive", options))
     row = np.asarray(one.tokens[0])[:int(one.lengths[0])].tolist()
     row = row[:kw.get("max_new_tokens", G)]
     stop = next((j for j, t in enumerate(row) if t in kw.get("stop_ids", ())), None)

@@ -1,7 +1,8 @@
 """The continuous-batching engine: every request's output equals its prompt decoded alone.
 
 References: each prompt's one-prompt decode with the same method, options and seed
-(`generate([prompt], method=m, rng=request_keys([seed]))`), cut before the request's stop ids
+(`generate([prompt], method=m, rng=request_keys([seed]))`; with batch_invariant=True for a
+method that ranks, as the engine decodes it: `served`), cut before the request's stop ids
 and at max_new_tokens. Lanes are named by method, or `fast_dllm_<cache>` for Fast-dLLM's cache
 modes (each mode with one rule: dual threshold, prefix factor, none threshold).
 
@@ -21,6 +22,7 @@ import pytest
 from conftest import backend_compiles
 
 from dllm_jax.decoding import generate
+from dllm_jax.decoding import registry
 from dllm_jax.models import get_preset
 from dllm_jax.serving import (BadOptionError, CancelledError, Engine, InvalidPromptError,
                               MaskInPromptError, PromptTooLongError, Result, StreamUpdate,
@@ -69,9 +71,15 @@ def workload(n: int, seed: int = 0):
   return out
 
 
+def served(method: str, options: dict) -> dict:
+  """The options the engine decodes a `method` lane with: batch_invariant=True for the
+  methods that rank (`rows.invariant_options`), so a row alone equals the row served."""
+  return {**options, "batch_invariant": True} if method in registry.ranking_methods() else dict(options)
+
+
 def _alone(params, lane, options, requests):
   """Each request's one-prompt output (tuple of ids), cut like the engine cuts it."""
-  opts = {**METHODS[lane], **options}
+  opts = served(method_of(lane), {**METHODS[lane], **options})
   refs = []
   for prompt, kw in requests:
     one = generate(params, CFG, [prompt], method=method_of(lane),
@@ -168,7 +176,9 @@ def test_bad_requests_are_refused_alone(params):
                                         "fast_dllm": METHODS["fast_dllm_dual"]},
                   slots=8, max_prompt_len=16, prompt_buckets=(8, 16))
   good = [engine.submit([5, 6, 7], method="d2f", seed=1),
-          engine.submit([9], method="ar", seed=2)]
+          engine.submit([9], method="ar", seed=2),
+          # The engine's own setting, spelled out: the same lane, the same output.
+          engine.submit([5, 6, 7], method="d2f", options=dict(batch_invariant=True), seed=1)]
   bad = {
       engine.submit([5] * 17, method="ar"): PromptTooLongError,
       engine.submit([5, CFG.mask_token_id], method="d2f"): MaskInPromptError,
@@ -186,6 +196,8 @@ def test_bad_requests_are_refused_alone(params):
       engine.submit([5], method="ar", options=dict(tempreature=1.0)): BadOptionError,
       engine.submit([5], method="ar", options=dict(temperature=0.5)): BadOptionError,
       engine.submit([5], method="d2f", options=dict(block_size=4)): BadOptionError,
+      engine.submit([5], method="d2f", options=dict(batch_invariant=False)): BadOptionError,
+      engine.submit([5], method="ar", options=dict(batch_invariant=True)): BadOptionError,
       engine.submit([5], method="ar", max_new_tokens=G + 1): BadOptionError,
       engine.submit([5], method="ar", seed=-1): BadOptionError,
       engine.submit([5], method="ar", stop_ids=[CFG.vocab_size]): BadOptionError,
@@ -204,7 +216,7 @@ def test_bad_requests_are_refused_alone(params):
   engine.run_until_idle()
   got = [engine.result(i).tokens for i in good]
   assert got == _alone(params, "d2f", {}, [([5, 6, 7], dict(seed=1))]) + \
-      _alone(params, "ar", {}, [([9], dict(seed=2))])
+      _alone(params, "ar", {}, [([9], dict(seed=2))]) + got[:1]
 
 
 def test_cancel_queued_and_running(params):
@@ -285,6 +297,8 @@ def test_engine_rejects_bad_setup(params):
   with pytest.raises(ValueError, match="no mask_token_id"):
     Engine(params, CFG.replace(mask_token_id=None), methods="fast_dllm",
            options=dict(gen_length=8))
+  with pytest.raises(ValueError, match="batch_invariant=False"):  # the engine's contract
+    Engine(params, CFG, methods="d2f", options=dict(gen_length=8, batch_invariant=False))
   with pytest.raises(ValueError, match="admit_sizes"):
     Engine(params, CFG, methods="ar", options=dict(gen_length=8), slots=4,
            admit_sizes=(2, 8))

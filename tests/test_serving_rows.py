@@ -22,22 +22,23 @@ from test_decoding_d2f import peaked_params
 CFG = get_preset("tiny")
 PROMPTS = [[5, 6, 7, 8, 9], [10], [12, 13, 14, 15, 16], [40]]
 SEEDS = [7, 3, 7, 11]  # a repeated seed on different prompts
+INVARIANT = dict(batch_invariant=True)  # rank on the grid, as the engine's lanes do
 METHODS = {
     "ar": (ar.ar_generate, dict(gen_length=12, temperature=1.0, top_k=20)),
     "ar_top_p": (ar.ar_generate, dict(gen_length=12, temperature=1.0, top_p=0.9)),
     "d2f": (d2f.d2f_generate, dict(gen_length=12, block_length=4, temperature=1.0,
-                                   remasking="random", tau_conf=0.5)),
+                                   remasking="random", tau_conf=0.5, **INVARIANT)),
     "block_diffusion": (d2f.block_diffusion_generate,
-                        dict(gen_length=12, block_length=4, temperature=0.7)),
+                        dict(gen_length=12, block_length=4, temperature=0.7, **INVARIANT)),
     "fast_dllm_dual": (fast_dllm.fast_dllm_generate,
                        dict(gen_length=12, block_length=4, temperature=1.0, cache="dual",
-                            threshold=0.7)),
+                            threshold=0.7, **INVARIANT)),
     "fast_dllm_prefix": (fast_dllm.fast_dllm_generate,
                          dict(gen_length=12, block_length=4, temperature=1.0, cache="prefix",
-                              rule="factor")),
+                              rule="factor", **INVARIANT)),
     "fast_dllm_none": (fast_dllm.fast_dllm_generate,
                        dict(gen_length=12, block_length=6, temperature=1.0, cache="none",
-                            threshold=0.7)),
+                            threshold=0.7, **INVARIANT)),
 }
 
 

@@ -1,7 +1,8 @@
 """Speculative decoding served by the engine: every request equals its prompt decoded alone.
 
 References: each prompt's one-prompt `generate([prompt], method="speculative",
-rng=request_keys([seed]))` with the lane's drafter and options, cut before the request's stop
+rng=request_keys([seed]))` with the lane's drafter and options (and batch_invariant=True, as
+the engine decodes: `served`), cut before the request's stop
 ids and at max_new_tokens; greedy lanes also equal AR greedy (`generate(method="ar")`) token
 for token. Drafters: the target's own weights read as a D2F (block-causal) drafter, which
 rejects most drafts (and as a "selfspec" one, whose ids are positions), and as an AR
@@ -28,7 +29,7 @@ from dllm_jax.models import init_params
 from dllm_jax.serving import (BadOptionError, Engine, MaskInPromptError, PromptTooLongError,
                               Result, request_keys)
 from test_serving_engine import (CFG, G, _alone, _serve, assert_streams_add_up,  # noqa: F401
-                                 params, workload)
+                                 params, served, workload)
 
 K = 3
 LANES = {  # lane -> (drafter kind, sampling options)
@@ -63,7 +64,7 @@ def alone(params, options, requests):
   refs = []
   for prompt, kw in requests:
     one = generate(params, CFG, [prompt], method="speculative",
-                   rng=request_keys([kw["seed"]]), **options)
+                   rng=request_keys([kw["seed"]]), **served("speculative", options))
     row = np.asarray(one.tokens[0])[:int(one.lengths[0])].tolist()
     row = row[:kw.get("max_new_tokens", G)]
     stop = next((j for j, t in enumerate(row) if t in kw.get("stop_ids", ())), None)

@@ -44,6 +44,13 @@ Option vocabulary (one name and one default per concept; `api.option_names(metho
                                     block_diffusion               bound in nats (>= 0)
   remasking       "probability"     d2f, block_diffusion static   confidence ranking
   use_cache       True              d2f, block_diffusion static   exact K/V cache
+  batch_invariant False             llada, dream,        static   rank confidences on a
+                                    fast_dllm, d2f,               2^-12 grid (a row alone ==
+                                    block_diffusion,              in a batch == on a mesh);
+                                    speculative,                  False: exact float32 order,
+                                    adaptive                      ties to the lowest slot, as
+                                                                  the references rank (the
+                                                                  serving engine forces True)
 
 unmasking (`decoding.unmasking` states each rule exactly): even commits k // s per step of a
 block of k slots and s steps, plus one for the first k % s steps; cosine commits the
@@ -56,6 +63,15 @@ forwards run.
 remasking takes the same names in every diffusion method: LLaDA's "low_confidence" /
 "random", Dream's "maskgit_plus" / "topk_margin" / "entropy" / "origin", and "probability" /
 "margin" (`llada.REMASKING`).
+
+batch_invariant (`sampling` module docstring): by default every ranking compares the exact
+float32 confidences, ties to the lowest slot, as the reference decoders do, so a row commits
+the slots their `generate` commits. A forward's float noise depends on the batch size and
+the mesh, so a near-tie may then rank differently for a row alone, in a batch (another batch
+bucket) or on a mesh; batch_invariant=True ranks on a 2^-12 grid instead and a row's tokens
+are the same in all three (docs/design.md, "Ranking: reference order vs batch invariance").
+In the hybrids only a diffusion drafter with more than one forward per draft ranks; ar and
+selfspec never rank and take no such option.
 
 Traced options are data, not compile keys: sweeping them never recompiles. Every method
 checks prompt + gen_length <= max_seq_len with one check (`base.check_window`) whose message

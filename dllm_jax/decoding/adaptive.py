@@ -45,7 +45,8 @@ so with every row in VERIFY or AR the output equals `ar_generate(target)` token 
 (at temperature 0) and equals `speculative_generate(drafter="d2f")` round for round in
 VERIFY. A PARALLEL row commits the drafter's greedy blocks: the block-diffusion decode of
 the drafter over a causal clean context (with draft_length 1, `block_diffusion_generate`
-with block_length 1). Rows never interact: batched rows equal their one-row decodes.
+with block_length 1). Rows never interact: batched rows equal their one-row decodes (with
+draft_steps > 1 under batch_invariant=True, which ranks the drafter's slots on the grid).
 
 NFE: `nfe = target_forwards + drafter_forwards`, each batched call counted once when it
 runs; `AdaptiveStats` reports them separately with the per-round signals. The state also
@@ -57,9 +58,9 @@ own key at its own round count (`speculative.round_keys`), and the per-round rec
 written at the row's own round: so the serving engine's rows (`serving.adaptive_rows`)
 decode as they would alone whenever they joined.
 
-`_init` (round 0), `_step` (one round) and `output` are also the step interface
-`decoding.streaming` drives (one event per round; `AdaptiveRun` carries the drafter and the
-task tags next to the target's params).
+`AdaptiveDecoder` runs `_init` (round 0), `_step` (one round) and `output` behind every
+driver (a stream's event is a round); its plan carries the drafter's params and the rows'
+forced modes (task tags) next to the target's params.
 """
 
 from __future__ import annotations
@@ -128,6 +129,9 @@ class AdaptiveOptions:
     temperature, top_k, top_p: the target's sampling in VERIFY / AR rounds (as
       `ar_generate`); PARALLEL rounds commit the drafter's greedy tokens.
     early_stop: exit once every row is done.
+    batch_invariant: with draft_steps > 1 the drafter ranks its slots on
+      `sampling.RANK_GRID`, so a row's drafts (its PARALLEL tokens, its acceptance) are the
+      same alone and in a batch; False (default) ranks the exact scores.
   """
   gen_length: int = base.GEN_LENGTH
   draft_length: int = 4
@@ -141,9 +145,12 @@ class AdaptiveOptions:
   top_k: int = 0
   top_p: float = 1.0
   early_stop: bool = True
+  batch_invariant: bool = False
 
   def __post_init__(self):
     spec.check_draft_options(self)
+    object.__setattr__(self, "batch_invariant",
+                       base.check_flag("batch_invariant", self.batch_invariant))
     k = self.draft_length
     if isinstance(self.draft_steps, bool) or not isinstance(
         self.draft_steps, (int, np.integer)) or not 1 <= self.draft_steps <= k:
@@ -585,8 +592,8 @@ def adaptive_generate(target_params, target_cfg: ModelConfig, prompt_tokens, pro
                       ar_confidence: float = 0.2, min_acceptance: float = 0.25,
                       trust_streak: int = 4, task_modes=(), tasks=None,
                       temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                      early_stop: bool = True, on_nonfinite: str = "raise",
-                      return_stats: bool = False):
+                      early_stop: bool = True, batch_invariant: bool = False,
+                      on_nonfinite: str = "raise", return_stats: bool = False):
   """Task-adaptive decoding of a left-padded prompt batch (see the module docstring).
 
   Args:
@@ -602,6 +609,7 @@ def adaptive_generate(target_params, target_cfg: ModelConfig, prompt_tokens, pro
       row, each in task_modes; None: no tags.
     temperature, top_k, top_p: the target's sampling (VERIFY / AR rounds).
     early_stop: leave the loop once every row is done.
+    batch_invariant: the drafter ranks on the grid (`AdaptiveOptions`).
     on_nonfinite: "raise" (NonFiniteLogitsError) or "flag".
     return_stats: also return an `AdaptiveStats`.
   Returns:
@@ -615,4 +623,4 @@ def adaptive_generate(target_params, target_cfg: ModelConfig, prompt_tokens, pro
       draft_steps=draft_steps, parallel_confidence=parallel_confidence,
       ar_confidence=ar_confidence, min_acceptance=min_acceptance, trust_streak=trust_streak,
       task_modes=task_modes, temperature=temperature, top_k=top_k, top_p=top_p,
-      early_stop=early_stop)
+      early_stop=early_stop, batch_invariant=batch_invariant)

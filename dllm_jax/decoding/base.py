@@ -245,6 +245,14 @@ def check_number(name: str, value, *, low: float | None = None, low_open: bool =
     raise ValueError(f"{name} must be <= {high}, got {value}.")
 
 
+def check_flag(name: str, value) -> bool:
+  """`value` as a Python bool; ValueError naming `name` unless it is a bool (True/False, not
+  1, "yes" or an array: a flag that picks the compiled program must be static)."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name} must be True or False, got {value!r}.")
+  return bool(value)
+
+
 def resolve_block_length(block_length, gen_length: int) -> int:
   """block_length, or the shared default: BLOCK_LENGTH capped at gen_length."""
   if block_length is None:

@@ -44,7 +44,9 @@ Settings split into a static `D2FSpec` (shapes, rules: a jit static argument) an
 A row whose window logits (its valid slots) are ever non-finite is flagged
 (`DecodeOutput.finite`).
 Batched rows give exactly their one-prompt results (left padding; rows never interact)
-for the deterministic rules (temperature 0, confidence ranking other than "random").
+for the deterministic rules (temperature 0, confidence ranking other than "random") with
+`batch_invariant=True` (ranking on `sampling.RANK_GRID`); the default ranks exact scores, as
+the reference does, and a near-tie may then rank differently in a batch of another size.
 
 Keys: every random draw comes from a key per row and response slot, so a row's samples do
 not depend on the batch, the shard, the window width or its batch index. One `rng` gives
@@ -93,7 +95,8 @@ def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
               temperature: float = 0.0, remasking: str = "probability",
               use_cache: bool = True, window: str = "fitted", block_size=None,
               unmasking: str = "even",
-              entropy_bound: float = unmasking_lib.DEFAULT_ENTROPY_BOUND):
+              entropy_bound: float = unmasking_lib.DEFAULT_ENTROPY_BOUND,
+              batch_invariant: bool = False):
   """Checks the decode settings (ValueError naming the fix).
 
   Returns (D2FSpec, the static part: a jit argument; Thresholds, the traced part).
@@ -154,7 +157,8 @@ def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
       steps_per_block=int(steps_per_block) if rule == "count" else 0,
       remasking=remasking, use_cache=bool(use_cache),
       mask_id=cfg.mask_token_id, stop_ids=base.stop_ids(cfg), pad_id=pad, window=window,
-      unmasking=unmasking, sampled=bool(temperature > 0))
+      unmasking=unmasking, sampled=bool(temperature > 0),
+      batch_invariant=base.check_flag("batch_invariant", batch_invariant))
   return spec, ds.Thresholds.create(block_size, tau_add, tau_act, tau_conf, temperature,
                                     entropy_bound)
 
@@ -401,14 +405,16 @@ def block_diffusion_options(cfg: ModelConfig, *, gen_length: int = base.GEN_LENG
                             block_length: int | None = None, steps_per_block=None,
                             temperature: float = 0.0, remasking: str = "probability",
                             use_cache: bool = True, block_size=None, unmasking: str = "even",
-                            entropy_bound: float = unmasking_lib.DEFAULT_ENTROPY_BOUND):
+                            entropy_bound: float = unmasking_lib.DEFAULT_ENTROPY_BOUND,
+                            batch_invariant: bool = False):
   """`block_diffusion_generate`'s settings as (D2FSpec, Thresholds): D2F with one block in
   flight, no threshold (tau_conf = inf) and the count rule with the `unmasking` schedule."""
   return make_spec(
       cfg, gen_length=gen_length, block_length=block_length, block_size=block_size,
       max_active_blocks=1, tau_add=1.0, tau_act=1.0, tau_conf=math.inf, rule="count",
       steps_per_block=steps_per_block, temperature=temperature, remasking=remasking,
-      use_cache=use_cache, unmasking=unmasking, entropy_bound=entropy_bound)
+      use_cache=use_cache, unmasking=unmasking, entropy_bound=entropy_bound,
+      batch_invariant=batch_invariant)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -503,7 +509,8 @@ def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng
                  tau_add: float = 0.1, tau_act: float = 0.95, tau_conf: float = 0.9,
                  max_active_blocks: int | None = None, temperature: float = 0.0,
                  remasking: str = "probability", use_cache: bool = True,
-                 window: str = "fitted", on_nonfinite: str = "raise", mesh=None, rules=None,
+                 window: str = "fitted", batch_invariant: bool = False,
+                 on_nonfinite: str = "raise", mesh=None, rules=None,
                  return_state: bool = False, block_size=None):
   """D2F pipelined parallel decoding of a left-padded prompt batch.
 
@@ -522,6 +529,9 @@ def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng
     window: "fitted" (default) forwards each step only the blocks still in flight, from a
       bucketed set of widths; "full" the widest window the settings allow (same tokens;
       kept for side-by-side benchmarks).
+    batch_invariant: rank on `sampling.RANK_GRID`, so a row's tokens are the same alone, in
+      a batch and on a mesh; False (default) ranks the exact scores as the D2F reference
+      does (ties to the lowest slot).
     on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
       "flag" (return them with `finite` False, lengths 0).
     mesh, rules: decode data-parallel over the batch and tensor-parallel over the params
@@ -537,7 +547,8 @@ def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng
       with_stats=return_state, mesh=mesh, rules=rules, gen_length=gen_length,
       block_length=block_length, block_size=block_size, max_active_blocks=max_active_blocks,
       tau_add=tau_add, tau_act=tau_act, tau_conf=tau_conf, temperature=temperature,
-      remasking=remasking, use_cache=use_cache, window=window)
+      remasking=remasking, use_cache=use_cache, window=window,
+      batch_invariant=batch_invariant)
 
 
 def block_diffusion_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None,
@@ -548,7 +559,8 @@ def block_diffusion_generate(params, cfg: ModelConfig, prompt_tokens, prompt_val
                              on_nonfinite: str = "raise", mesh=None, rules=None,
                              return_state: bool = False, block_size=None,
                              unmasking: str = "even",
-                             entropy_bound: float = unmasking_lib.DEFAULT_ENTROPY_BOUND):
+                             entropy_bound: float = unmasking_lib.DEFAULT_ENTROPY_BOUND,
+                             batch_invariant: bool = False):
   """Block diffusion (BD3-style semi-AR) decoding: the one-block special case of D2F.
 
   One block at a time; within a block of k masks and s = steps_per_block steps (default k:
@@ -566,4 +578,5 @@ def block_diffusion_generate(params, cfg: ModelConfig, prompt_tokens, prompt_val
       on_nonfinite=on_nonfinite, with_stats=return_state, mesh=mesh, rules=rules,
       gen_length=gen_length, block_length=block_length, block_size=block_size,
       steps_per_block=steps_per_block, temperature=temperature, remasking=remasking,
-      use_cache=use_cache, unmasking=unmasking, entropy_bound=entropy_bound)
+      use_cache=use_cache, unmasking=unmasking, entropy_bound=entropy_bound,
+      batch_invariant=batch_invariant)

@@ -80,6 +80,9 @@ class D2FSpec:
       (`unmasking.py`); "even" for the threshold rule.
     sampled: temperature > 0 (its value is traced, `Thresholds.temperature`); False compiles
       the greedy proposal (argmax) with no sampling code in the loop.
+    batch_invariant: rank on `sampling.RANK_GRID` (a row's tokens are the same alone, in a
+      batch and on a mesh); False ranks the exact scores, ties to the lowest slot, as the
+      D2F reference's argmax does (`sampling` module doc).
   """
   block_size: int
   num_blocks: int
@@ -94,6 +97,7 @@ class D2FSpec:
   window: str = "fitted"
   unmasking: str = "even"
   sampled: bool = False
+  batch_invariant: bool = False
 
   @property
   def gen_length(self) -> int:
@@ -239,18 +243,19 @@ def commit_mask(spec: D2FSpec, state: D2FState, prob: Array, score: Array) -> Ar
     before = jnp.concatenate([jnp.full((b, 1), k, jnp.int32), counts[:, :-1]], axis=1)
     full = before >= state.limits.act_count  # [B, N]
     above = cand & (prob.reshape(b, n, k) > state.limits.tau_conf)
-    best = sampling.best_mask(score, cand)
+    best = sampling.best_mask(score, cand, invariant=spec.batch_invariant)
     fallback = full & ~jnp.any(above, -1)
     commit = above | (best & fallback[..., None])
   elif spec.rule == "count" and spec.unmasking == "entropy_bound":
     commit = unmasking.entropy_bound_mask(
         score.reshape(b * n, k), prob.reshape(b * n, k), cand.reshape(b * n, k),
-        state.limits.entropy_bound).reshape(b, n, k)
+        state.limits.entropy_bound, invariant=spec.batch_invariant).reshape(b, n, k)
   elif spec.rule == "count":
     s = spec.steps_per_block
     per_step = jnp.asarray(unmasking.counts(spec.unmasking, k, s))         # [s]
     quota = per_step[jnp.minimum(state.block_steps, s - 1)]                # [B, N]
-    commit = sampling.top_k_mask(score.reshape(b * n, k), quota.reshape(b * n))
+    commit = sampling.top_k_mask(score.reshape(b * n, k), quota.reshape(b * n),
+                                 invariant=spec.batch_invariant)
     commit = commit.reshape(b, n, k) & cand
   else:
     raise ValueError(f"Unknown commit rule {spec.rule!r}; use one of {COMMIT_RULES}.")

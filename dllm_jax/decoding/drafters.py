@@ -10,9 +10,10 @@ Shape legend: B batch, T forwarded context slots, k draft_length, V vocab, D mod
                     uncached accepted tokens (ids 1 + j, a clean causal context, so their K/V
                     is final when written) plus one block of k masks (one shared id 1 + n:
                     it sees the whole prefix and itself, nothing sees it, it is never cached),
-                    filled in `steps` parallel forwards, most confident slots first. Greedy
-                    and deterministic; it also returns each slot's confidence (its top
-                    probability at the forward that committed it), the signal
+                    filled in `steps` parallel forwards, most confident slots first (exact
+                    scores, or on `sampling.RANK_GRID` with the options' batch_invariant).
+                    Greedy and deterministic; it also returns each slot's confidence (its
+                    top probability at the forward that committed it), the signal
                     `decoding.adaptive` switches modes on.
 
 `filtered_logits`, `probabilities` and `greedy` are the distribution `ar_generate` samples
@@ -25,6 +26,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dllm_jax.decoding import sampling
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.models.transformer import Transformer, project
 
@@ -126,7 +128,8 @@ def diffusion_draft(dparams, cfg: ModelConfig, opts, forbid, context, cache,
   last_slot [B]) clean tokens forwarded (and written) in front of the block; last_slot is the
   last valid one (shifted-logits models read the prediction for block slot 0 there).
   block_id [B]: the block's shared id; block_pos [B]: position of block slot 0.
-  opts: anything with `draft_length` (k) and `steps` (forwards, 1..k).
+  opts: anything with `draft_length` (k) and `steps` (forwards, 1..k); its
+  `batch_invariant` (default False) ranks on the grid (`sampling.rank_scores`).
   Returns ([B, k] drafts, [B, k] float32 confidence: each slot's top probability at the
   forward that committed it, cache with the context written).
   """
@@ -162,7 +165,8 @@ def diffusion_draft(dparams, cfg: ModelConfig, opts, forbid, context, cache,
     conf = jnp.max(jax.nn.softmax(filtered_logits(logits, 0.0, 0, 1.0, forbid), -1), -1)
     count = k // steps + (i < k % steps)
     score = jnp.where(decided, NEG_INF, conf)
-    ranks = jnp.argsort(jnp.argsort(-score, axis=-1, stable=True), axis=-1)
+    ranked = sampling.rank_scores(score, getattr(opts, "batch_invariant", False))
+    ranks = jnp.argsort(jnp.argsort(-ranked, axis=-1, stable=True), axis=-1)
     chosen = (ranks < count) & ~decided if i < steps - 1 else ~decided
     block = jnp.where(chosen, x0, block)
     confidence = jnp.where(chosen, conf.astype(jnp.float32), confidence)

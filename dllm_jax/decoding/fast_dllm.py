@@ -82,6 +82,9 @@ class FastDLLMOptions:
     cache: "none", "prefix" or "dual".
     temperature: Gumbel-max temperature of the token proposal (0 = argmax).
     early_stop: freeze rows whose answer is final and exit when all rows are.
+    batch_invariant: rank confidences on `sampling.RANK_GRID` so a row gives the same tokens
+      alone, in a batch and on a mesh; False (default) ranks the exact float32 scores, ties
+      to the lowest slot, as Fast-dLLM's `generate` does (`sampling` module doc).
   """
   gen_length: int = base.GEN_LENGTH
   block_length: int | None = None
@@ -91,6 +94,7 @@ class FastDLLMOptions:
   cache: str = "none"
   temperature: float = 0.0
   early_stop: bool = True
+  batch_invariant: bool = False
 
   TRACED = {"threshold": 1.0, "factor": 1.0, "temperature": 0.0}
 
@@ -111,6 +115,8 @@ class FastDLLMOptions:
     base.check_number("threshold", self.threshold, low=0.0, low_open=True, allow_inf=True)
     base.check_number("factor", self.factor, low=0.0, low_open=True)
     base.check_number("temperature", self.temperature, low=0.0)
+    object.__setattr__(self, "batch_invariant",
+                       base.check_flag("batch_invariant", self.batch_invariant))
 
   def split(self):
     """(static options, {threshold, factor, temperature} [] arrays)."""
@@ -317,9 +323,11 @@ def step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> F
   block = _gather(state.canvas, slot)
   candidates = (block == cfg.mask_token_id) & live[:, None]
   if opts.rule == "threshold":
-    commit = sampling.threshold_mask(conf, candidates, state.knobs["threshold"])
+    commit = sampling.threshold_mask(conf, candidates, state.knobs["threshold"],
+                                     invariant=opts.batch_invariant)
   else:
-    commit = sampling.factor_mask(conf, candidates, state.knobs["factor"])
+    commit = sampling.factor_mask(conf, candidates, state.knobs["factor"],
+                                  invariant=opts.batch_invariant)
   block = jnp.where(commit, x0, block)
   rows = jnp.arange(b)[:, None]
   canvas = state.canvas.at[rows, slot].set(block, mode="drop")  # past the canvas: no block

@@ -82,6 +82,9 @@ class LLaDAOptions:
       "entropy_bound" (adaptive; `unmasking.py` states each rule exactly).
     entropy_bound: the entropy-bound rule's bound in nats (>= 0; inf commits whole blocks);
       read only with unmasking="entropy_bound".
+    batch_invariant: rank confidences on `sampling.RANK_GRID` so a row gives the same tokens
+      alone, in a batch and on a mesh; False (default) ranks the exact float32 scores, ties
+      to the lowest slot, as LLaDA's `generate` (torch.topk) does (`sampling` module doc).
   """
   gen_length: int = base.GEN_LENGTH
   block_length: int | None = None
@@ -95,6 +98,7 @@ class LLaDAOptions:
   early_stop: bool = True
   unmasking: str = "even"
   entropy_bound: float = unmasking_lib.DEFAULT_ENTROPY_BOUND
+  batch_invariant: bool = False
 
   def __post_init__(self):
     g = self.gen_length
@@ -121,6 +125,8 @@ class LLaDAOptions:
       raise ValueError(f"Unknown remasking {self.remasking!r}; use one of {tuple(REMASKING)}.")
     for name in ("temperature", "alg_temp", "cfg_scale"):
       base.check_number(name, getattr(self, name), low=0.0)
+    object.__setattr__(self, "batch_invariant",
+                       base.check_flag("batch_invariant", self.batch_invariant))
 
   def split(self):
     """(static options, traced knobs). The static part keeps only whether CFG is on; the
@@ -224,15 +230,16 @@ def _guided_logits(params, cfg, opts, state: LLaDAState) -> Array:
 
 
 def select_ranked(scores: Array, candidates: Array, k: Array, order_temp, keys: Array,
-                  demoted: Array | None = None) -> Array:
+                  demoted: Array | None = None, *, invariant: bool = False) -> Array:
   """Each row commits its k[b] best candidates; demoted candidates rank below all others.
 
   [B, W] scores / candidates / demoted, [B] k, [B] keys -> [B, W] bool. `order_temp` > 0
-  samples the order per row (Gumbel-top-k, `sampling.sample_order_mask`).
+  samples the order per row (Gumbel-top-k, `sampling.sample_order_mask`); `invariant` ranks
+  on the grid (`sampling.rank_scores`).
   """
   def pick(s, mask, count, key):
     return sampling.sample_order_mask(jnp.where(mask, s, sampling.NEG_INF)[None],
-                                      count[None], order_temp, key)[0]
+                                      count[None], order_temp, key, invariant=invariant)[0]
   if demoted is None:
     return jax.vmap(pick)(scores, candidates, k, keys)
 
@@ -312,10 +319,11 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
         s, c, alg_temp, k))(conf, candidates, keys[:, 2])
     commit = unmasking_lib.entropy_bound_mask(
         order, unmasking_lib.predictive_entropy(logits), candidates,
-        state.knobs["entropy_bound"], demoted)
+        state.knobs["entropy_bound"], demoted, invariant=opts.batch_invariant)
   else:
     k = jnp.broadcast_to(jnp.asarray(schedule(opts))[state.step], (b,))
-    commit = select_ranked(conf, candidates, k, alg_temp, keys[:, 2], demoted)
+    commit = select_ranked(conf, candidates, k, alg_temp, keys[:, 2], demoted,
+                           invariant=opts.batch_invariant)
 
   canvas = _put_block(state.canvas, jnp.where(commit, x0, block), start)
   new = state.replace(canvas=canvas, step=state.step + 1, nfe=state.nfe + 1, finite=finite,

@@ -26,21 +26,25 @@ DEFAULT_METHOD = "d2f"
 class _Entry:
   target: object            # the decoder class, or "module:Class" until first use
   uses_drafter: bool
+  ranks: bool               # it ranks confidences, so it takes batch_invariant
 
 
 _ENTRIES: dict[str, _Entry] = {}
 
 
-def register(name: str, decoder, *, uses_drafter: bool | None = None) -> None:
+def register(name: str, decoder, *, uses_drafter: bool | None = None,
+             ranks: bool | None = None) -> None:
   """Registers `decoder` (a `protocol.Decoder` subclass, or its "module:Class" path) as
-  method `name`; re-registering a name replaces it. `uses_drafter` is read from the class
-  when it is given as a class."""
+  method `name`; re-registering a name replaces it. `uses_drafter` (it takes a drafter
+  model) and `ranks` (it takes batch_invariant) are read from the class when it is given as
+  a class; a path names them, so the command line knows them without importing JAX."""
   if not isinstance(name, str) or not name.isidentifier():
     raise ValueError(f"a method name must be an identifier, got {name!r}.")
   if not isinstance(decoder, str):
     decoder.name = name
     uses_drafter = decoder.uses_drafter
-  _ENTRIES[name] = _Entry(decoder, bool(uses_drafter))
+    ranks = "batch_invariant" in decoder.option_names()
+  _ENTRIES[name] = _Entry(decoder, bool(uses_drafter), bool(ranks))
 
 
 def unregister(name: str) -> None:
@@ -56,6 +60,11 @@ def names() -> tuple[str, ...]:
 def drafter_methods() -> tuple[str, ...]:
   """The methods that draft with a second model (they take drafter_params / drafter_cfg)."""
   return tuple(n for n, e in _ENTRIES.items() if e.uses_drafter)
+
+
+def ranking_methods() -> tuple[str, ...]:
+  """The methods that rank confidences (they take `batch_invariant`)."""
+  return tuple(n for n, e in _ENTRIES.items() if e.ranks)
 
 
 def check(name) -> str:
@@ -76,17 +85,20 @@ def get(name: str):
 
 
 # The built-in methods. Autoregressive:
-register("ar", "dllm_jax.decoding.ar:ARDecoder")
+register("ar", "dllm_jax.decoding.ar:ARDecoder", ranks=False)
 # Masked diffusion, full-canvas forwards (LLaDA; Dream's ordering):
-register("llada", "dllm_jax.decoding.llada:LLaDADecoder")
-register("dream", "dllm_jax.decoding.llada:DreamDecoder")
+register("llada", "dllm_jax.decoding.llada:LLaDADecoder", ranks=True)
+register("dream", "dllm_jax.decoding.llada:DreamDecoder", ranks=True)
 # Fast-dLLM: threshold / factor commits, prefix / dual cache:
-register("fast_dllm", "dllm_jax.decoding.fast_dllm:FastDLLMDecoder")
+register("fast_dllm", "dllm_jax.decoding.fast_dllm:FastDLLMDecoder", ranks=True)
 # Block-causal diffusion with an exact K/V cache: D2F's pipeline, and one block at a time:
-register("d2f", "dllm_jax.decoding.d2f:D2FDecoder")
-register("block_diffusion", "dllm_jax.decoding.d2f:BlockDiffusionDecoder")
+register("d2f", "dllm_jax.decoding.d2f:D2FDecoder", ranks=True)
+register("block_diffusion", "dllm_jax.decoding.d2f:BlockDiffusionDecoder", ranks=True)
 # Hybrids: a drafter verified by an AR target; one network that drafts and verifies; and
 # per-row switching between parallel commits, verified drafts and AR:
-register("speculative", "dllm_jax.decoding.speculative:SpeculativeDecoder", uses_drafter=True)
-register("selfspec", "dllm_jax.decoding.selfspec:SelfSpecDecoder", uses_drafter=False)
-register("adaptive", "dllm_jax.decoding.adaptive:AdaptiveDecoder", uses_drafter=True)
+register("speculative", "dllm_jax.decoding.speculative:SpeculativeDecoder",
+         uses_drafter=True, ranks=True)
+register("selfspec", "dllm_jax.decoding.selfspec:SelfSpecDecoder",
+         uses_drafter=False, ranks=False)
+register("adaptive", "dllm_jax.decoding.adaptive:AdaptiveDecoder",
+         uses_drafter=True, ranks=True)

@@ -14,17 +14,30 @@ Scalar knobs (temperature, top_k, top_p, the order temperature) may be Python nu
 traced [] arrays: decoders pass them traced, so sweeping them never recompiles. A traced
 temperature of 0 is still exactly greedy (`lax.cond` picks the plain argmax).
 
-Ranking (`rank_scores`) is the one place every decoder orders positions by confidence:
-scores are rounded to a grid of `RANK_GRID` before ranking and ties go to the lowest slot.
-A forward's float noise depends on the batch size and the mesh (different matmul blockings
-and reduction orders, ~1e-6 on entropies); without the grid, near-ties would rank a row
-differently alone, in a batch and on a mesh.
+Ranking (`rank_scores`) is the one place every decoder orders positions by confidence, in
+one of two modes chosen by a static Python bool `invariant` (the decoders' `batch_invariant`
+option):
+
+  reference (invariant=False, the default)  float32 scores compared exactly, ties to the
+      lowest slot (a stable descending sort / first-max argmax): the order of the reference
+      decoders (LLaDA's, Fast-dLLM's and D2F's `torch.topk` / `argmax`), so a row commits the
+      slots their public `generate` commits.
+  batch-invariant (invariant=True)  scores rounded to a grid of `RANK_GRID` before ranking,
+      ties to the lowest slot. A forward's float noise depends on the batch size and the mesh
+      (different matmul blockings and reduction orders, ~1e-6 on entropies); exact scores
+      can rank a near-tie differently alone, in a batch and on a mesh; the grid does not,
+      unless the noise moves a score across a grid line (no row of the trained demo models;
+      5-6% of rows with entropy scores on near-uniform random weights).
+
+The mode is static, so the default program has no rounding in it. docs/design.md ("Ranking:
+reference order vs batch invariance") states the trade-off with measured flip rates.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jnp.ndarray
 NEG_INF = -jnp.inf
@@ -186,59 +199,70 @@ def confidence(logits: Array, x0: Array, kind: str, rng: Array | None = None) ->
   raise ValueError(f"Unknown confidence kind {kind!r}; use one of {CONFIDENCE_KINDS}.")
 
 
-def rank_scores(scores: Array) -> Array:
-  """Scores as every ranking compares them: rounded to `RANK_GRID` (-inf stays -inf).
+def rank_scores(scores: Array, invariant: bool) -> Array:
+  """Scores as every ranking compares them: unchanged (invariant=False: the references'
+  exact order), or rounded to `RANK_GRID` (invariant=True; -inf stays -inf).
 
-  Rank with a stable descending sort / first-max argmax on these, so equal rounded scores go
-  to the lowest slot: the order is the same for a row alone, in a batch and on a mesh.
+  `invariant` is a static Python bool. Rank with a stable descending sort / first-max argmax
+  on these, so equal scores go to the lowest slot; rounded, the order is the same for a row
+  alone, in a batch and on a mesh.
   """
+  if not isinstance(invariant, (bool, np.bool_)):
+    raise TypeError(f"invariant must be a static Python bool (the batch_invariant option), "
+                    f"got {invariant!r}.")
+  if not invariant:
+    return scores
   return jnp.where(jnp.isfinite(scores), jnp.round(scores / RANK_GRID) * RANK_GRID, scores)
 
 
-def best_mask(scores: Array, candidates: Array) -> Array:
-  """[..., T] bool: the top-ranked candidate (lowest slot among equal rounded scores) of every
-  row that has a candidate."""
-  ranked = rank_scores(jnp.where(candidates, scores, NEG_INF))
+def best_mask(scores: Array, candidates: Array, *, invariant: bool = False) -> Array:
+  """[..., T] bool: the top-ranked candidate (lowest slot among equal ranked scores,
+  `rank_scores`) of every row that has a candidate."""
+  ranked = rank_scores(jnp.where(candidates, scores, NEG_INF), invariant)
   best = jax.nn.one_hot(jnp.argmax(ranked, axis=-1), scores.shape[-1], dtype=jnp.bool_)
   return best & jnp.any(candidates, axis=-1, keepdims=True)
 
 
-def top_k_mask(scores: Array, k: Array) -> Array:
+def top_k_mask(scores: Array, k: Array, *, invariant: bool = False) -> Array:
   """Marks the k[b] highest scores of each row ([B, T], [B] -> [B, T] bool).
 
-  Scores are compared as `rank_scores` rounds them; ties go to the lower index (a stable
-  descending sort). Entries at -inf are never chosen, so a row with fewer candidates than
-  k commits only its candidates.
+  Scores are compared as `rank_scores` gives them (exact, or on the grid with `invariant`);
+  ties go to the lower index (a stable descending sort). Entries at -inf are never chosen,
+  so a row with fewer candidates than k commits only its candidates.
   """
-  order = jnp.argsort(-rank_scores(scores), axis=-1, stable=True)
+  order = jnp.argsort(-rank_scores(scores, invariant), axis=-1, stable=True)
   ranks = jnp.argsort(order, axis=-1)
   return (ranks < k[:, None]) & (scores > NEG_INF)
 
 
-def sample_order_mask(scores: Array, k: Array, temperature, rng: Array) -> Array:
+def sample_order_mask(scores: Array, k: Array, temperature, rng: Array, *,
+                      invariant: bool = False) -> Array:
   """Dream's `alg_temp`: picks k positions by sampling ∝ softmax(scores / T) without replacement.
 
   Gumbel-top-k: adding Gumbel noise to scores / T and taking the top k samples without
-  replacement. temperature 0 (static or traced) is the deterministic top-k.
+  replacement. temperature 0 (static or traced) is the deterministic top-k. `invariant`:
+  as in `top_k_mask`.
   """
+  top = lambda s: top_k_mask(s, k, invariant=invariant)
+
   def sampled(s):
-    noisy = jnp.where(s > NEG_INF, s / temperature + _gumbel(rng, s.shape), NEG_INF)
-    return top_k_mask(noisy, k)
+    return top(jnp.where(s > NEG_INF, s / temperature + _gumbel(rng, s.shape), NEG_INF))
   if _is_number(temperature):
-    return top_k_mask(scores, k) if temperature == 0.0 else sampled(scores)
-  return jax.lax.cond(temperature == 0.0, lambda s: top_k_mask(s, k), sampled, scores)
+    return top(scores) if temperature == 0.0 else sampled(scores)
+  return jax.lax.cond(temperature == 0.0, top, sampled, scores)
 
 
-def threshold_mask(conf: Array, candidates: Array, tau) -> Array:
+def threshold_mask(conf: Array, candidates: Array, tau, *, invariant: bool = False) -> Array:
   """Fast-dLLM/D2F threshold rule: candidates with confidence > tau, and at least the most
-  confident candidate of every row that has one. [B, T] -> [B, T] bool."""
+  confident candidate of every row that has one (`best_mask`). [B, T] -> [B, T] bool."""
   above = candidates & (jnp.where(candidates, conf, NEG_INF) > tau)
-  return above | best_mask(conf, candidates)
+  return above | best_mask(conf, candidates, invariant=invariant)
 
 
-def factor_mask(conf: Array, candidates: Array, factor) -> Array:
+def factor_mask(conf: Array, candidates: Array, factor, *, invariant: bool = False) -> Array:
   """Fast-dLLM factor rule: sort confidences descending and commit the largest n with
-  c_n >= 1 - factor / (n + 1) (n counted from 1), at least one per row with candidates."""
+  c_n >= 1 - factor / (n + 1) (n counted from 1), at least one per row with candidates;
+  which n is `top_k_mask`'s choice."""
   conf = jnp.where(candidates, conf, NEG_INF)
   sorted_conf = jnp.sort(conf, axis=-1)[..., ::-1]
   n = jnp.arange(1, conf.shape[-1] + 1, dtype=jnp.float32)
@@ -246,7 +270,7 @@ def factor_mask(conf: Array, candidates: Array, factor) -> Array:
   # The largest n whose prefix all satisfies the rule.
   count = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=-1), axis=-1)
   count = jnp.maximum(count, jnp.any(candidates, axis=-1).astype(jnp.int32))
-  return top_k_mask(conf, count)
+  return top_k_mask(conf, count, invariant=invariant)
 
 
 def row_keys(rng: Array, step, batch: int, offset=0) -> Array:

@@ -53,7 +53,7 @@ Non-finite logits: a row is flagged (`DecodeOutput.finite` False, tokens pad, le
 forward of either model gave it NaN/inf logits while it was live; `on_nonfinite` chooses
 between NonFiniteLogitsError and the flag. The loop is `_init` (round 0), `_step` (one
 round) and `output`, also exposed as the step interface `decoding.streaming` drives (one
-event per round; `SpecRun` carries the drafter next to the target's params).
+event per round; the plan carries the drafter's params next to the target's).
 """
 
 from __future__ import annotations
@@ -113,6 +113,10 @@ class SpecOptions:
       1 for "d2f" and "selfspec", k for "block_diffusion"); must be 0 for "ar".
     temperature, top_k, top_p: the target's sampling, as in `ar_generate`.
     early_stop: exit once every row is done.
+    batch_invariant: a diffusion drafter with draft_steps > 1 ranks its slots on
+      `sampling.RANK_GRID`, so its drafts (and with them a sampled output, and the forward
+      counts) are the same for a row alone and in a batch; False (default) ranks the exact
+      scores. Greedy output is the target's either way.
   """
   gen_length: int = base.GEN_LENGTH
   drafter: str = "d2f"
@@ -122,9 +126,12 @@ class SpecOptions:
   top_k: int = 0
   top_p: float = 1.0
   early_stop: bool = True
+  batch_invariant: bool = False
 
   def __post_init__(self):
     check_draft_options(self)
+    object.__setattr__(self, "batch_invariant",
+                       base.check_flag("batch_invariant", self.batch_invariant))
     if self.drafter not in DRAFTERS:
       raise ValueError(f"Unknown drafter {self.drafter!r}; use one of {DRAFTERS}.")
     k = self.draft_length
@@ -543,7 +550,8 @@ def speculative_generate(target_params, target_cfg: ModelConfig, prompt_tokens,
                          gen_length: int = base.GEN_LENGTH, draft_length: int = 4,
                          draft_steps: int = 0, temperature: float = 0.0, top_k: int = 0,
                          top_p: float = 1.0, early_stop: bool = True,
-                         on_nonfinite: str = "raise", return_stats: bool = False):
+                         batch_invariant: bool = False, on_nonfinite: str = "raise",
+                         return_stats: bool = False):
   """Speculative decoding of a left-padded prompt batch: drafter proposes, AR target verifies.
 
   Args:
@@ -564,6 +572,7 @@ def speculative_generate(target_params, target_cfg: ModelConfig, prompt_tokens,
       distributed exactly as AR sampling, and equals AR greedy at temperature 0.
     early_stop: leave the loop once every row is done (the loop never runs past that either
       way: every round of a live row commits at least one token).
+    batch_invariant: a diffusion drafter ranks on the grid (`SpecOptions`).
     on_nonfinite: "raise" (NonFiniteLogitsError naming the rows for which a forward of
       either model gave NaN/inf logits) or "flag" (return them with `finite` False,
       lengths 0).
@@ -574,7 +583,8 @@ def speculative_generate(target_params, target_cfg: ModelConfig, prompt_tokens,
   """
   options = dict(drafter_params=drafter_params, drafter_cfg=drafter_cfg, drafter=drafter,
                  gen_length=gen_length, draft_length=draft_length, draft_steps=draft_steps,
-                 temperature=temperature, top_k=top_k, top_p=top_p, early_stop=early_stop)
+                 temperature=temperature, top_k=top_k, top_p=top_p, early_stop=early_stop,
+                 batch_invariant=batch_invariant)
   return protocol.decode_batch(SpeculativeDecoder, target_params, target_cfg, prompt_tokens,
                                prompt_valid, rng, on_nonfinite=on_nonfinite,
                                with_stats=return_stats, **options)

@@ -99,10 +99,12 @@ def order_scores(scores: Array, candidates: Array, order_temp, rng: Array) -> Ar
   return jax.lax.cond(order_temp == 0.0, lambda x: x, sampled, s)
 
 
-def commit_order(scores: Array, candidates: Array, demoted: Array | None = None) -> Array:
+def commit_order(scores: Array, candidates: Array, demoted: Array | None = None, *,
+                 invariant: bool = False) -> Array:
   """[R, W] slot indices in commit order: candidates first (non-demoted before demoted, each
-  by `sampling.rank_scores` descending, ties to the lowest slot), then non-candidates."""
-  ranked = sampling.rank_scores(jnp.where(candidates, scores, sampling.NEG_INF))
+  by `sampling.rank_scores` descending, ties to the lowest slot; `invariant`: on its grid),
+  then non-candidates."""
+  ranked = sampling.rank_scores(jnp.where(candidates, scores, sampling.NEG_INF), invariant)
   by_score = jnp.argsort(-ranked, axis=-1, stable=True)
   tier = jnp.where(candidates, 0, 2)
   if demoted is not None:
@@ -124,10 +126,11 @@ def bounded_count(entropy: Array, order: Array, candidates: Array, bound) -> Arr
 
 
 def entropy_bound_mask(scores: Array, entropy: Array, candidates: Array, bound,
-                       demoted: Array | None = None) -> Array:
+                       demoted: Array | None = None, *, invariant: bool = False) -> Array:
   """[R, W] bool: the slots the entropy-bound rule commits, in the order of `scores` (higher
-  first, `commit_order`); [R, W] scores / entropy / candidates / demoted."""
-  order = commit_order(scores, candidates, demoted)
+  first, `commit_order`, exact or with `invariant` on the rank grid); [R, W] scores /
+  entropy / candidates / demoted."""
+  order = commit_order(scores, candidates, demoted, invariant=invariant)
   count = bounded_count(entropy, order, candidates, bound)
   ranks = jnp.argsort(order, axis=-1)
   return candidates & (ranks < count[:, None])

@@ -68,6 +68,7 @@ class AdaptiveRows(speculative_rows.DraftedRows):
     if "tasks" in options:
       raise ValueError("tasks= is generate's list of one tag per prompt; a request names its "
                        "own tag with task=<tag> (one of the lane's task_modes).")
+    options = rows.invariant_options(self.method, options)
     opts = base.make_options(adaptive.AdaptiveOptions, {
         k: v for k, v in options.items() if k not in ("drafter_params", "drafter_cfg")})
     spec.check_drafter(cfg, options.get("drafter_params"), options.get("drafter_cfg"),

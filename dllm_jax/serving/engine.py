@@ -29,9 +29,13 @@ steps, and the engine records the results and metrics. `step()` runs every lane 
 
 Slots, admit sizes and prompt buckets are static, so after `warmup()` serving never
 compiles again. A row's randomness comes from its request's seed only (per-row keys:
-`rows.request_keys`), so its output equals decoding its prompt alone with the same method,
-options and seed (`generate(..., method=m, rng=request_keys([seed]))`), whatever
-shares the batch and whatever order requests finish in.
+`rows.request_keys`), and every lane of a method that ranks confidences (d2f,
+block_diffusion, fast_dllm, speculative, adaptive) decodes with `batch_invariant=True`
+(ranking on `sampling.RANK_GRID`; `rows.invariant_options`; a lane or request that sets it
+False is refused), so a row's output equals decoding its prompt alone with the same method,
+options and seed and batch_invariant=True (`generate(..., method=m,
+rng=request_keys([seed]), batch_invariant=True)`), whatever shares the batch and whatever
+order requests finish in.
 
 Bad requests are answered at submission with a named `RequestError` and never reach a slot.
 On a mesh (`mesh=`), params are placed like `generate` places them and every per-row state

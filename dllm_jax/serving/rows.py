@@ -8,7 +8,8 @@ cursor per row and, given per-row keys, draws a row's noise from its own key onl
 row can be replaced by a fresh one while the others keep their state. A `RowDecoder` adapts a
 module to the engine:
 
-  make_options(cfg, options) -> opts           checked options (ValueError naming the fix)
+  make_options(cfg, options) -> opts           checked options (ValueError naming the fix);
+      a method that ranks confidences gets batch_invariant=True (`invariant_options`)
   split(opts) -> (static, traced)               jit-static part, traced knobs
   gen_length(static) -> G
   check(cfg, tokens, valid, opts)               the method's prompt checks (ValueError)
@@ -78,6 +79,17 @@ def request_keys(seeds) -> Array:
   """[A] per-row PRNG keys of request seeds (uint32). Decoding one prompt alone with
   `rng=request_keys([seed])` reproduces the engine's output for that request."""
   return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+
+
+def invariant_options(method: str, options: dict) -> dict:
+  """`options` with `batch_invariant=True`: a lane of a method that ranks confidences ranks
+  them on the grid, so a row's output is the one it gives decoded alone whatever shares its
+  batch (the engine's contract). ValueError if the lane or a request sets it False."""
+  if not base.check_flag("batch_invariant", options.get("batch_invariant", True)):
+    raise ValueError(f"batch_invariant=False: the serving engine's {method!r} lane always "
+                     "ranks batch-invariantly (a row's output must not depend on what shares "
+                     "its batch); drop the option or pass True.")
+  return {**options, "batch_invariant": True}
 
 
 def pad_axis(x: Array, axis: int, before: int, after: int, value) -> Array:
@@ -202,7 +214,7 @@ class D2FRows(RowDecoder):
     super().__init__(method="", needs_mask=True)
 
   def make_options(self, cfg: ModelConfig, options: dict):
-    return registry.get(self.method).plan(cfg, **options)
+    return registry.get(self.method).plan(cfg, **invariant_options(self.method, options))
 
   def split(self, plan):
     return plan.decoder.opts, plan.traced
@@ -265,7 +277,9 @@ class FastDLLMRows(RowDecoder):
     if cfg.mask_token_id is None:
       raise ValueError(f"model config {cfg.name!r} has no mask_token_id; Fast-dLLM needs one "
                        "(serve a masked-diffusion model).")
-    return FastStatic(base.make_options(fast_dllm.FastDLLMOptions, options), cfg.mask_token_id)
+    return FastStatic(base.make_options(fast_dllm.FastDLLMOptions,
+                                        invariant_options(self.method, options)),
+                      cfg.mask_token_id)
 
   def split(self, opts: FastStatic):
     static, traced = opts.opts.split()

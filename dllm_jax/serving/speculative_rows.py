@@ -109,7 +109,8 @@ class SpeculativeRows(DraftedRows):
     super().__init__(method="", needs_mask=False)
 
   def make_options(self, cfg: ModelConfig, options: dict) -> SpecStatic:
-    decoder = spec.SpeculativeDecoder.plan(cfg, **options).decoder
+    decoder = spec.SpeculativeDecoder.plan(
+        cfg, **rows.invariant_options(self.method, options)).decoder
     return SpecStatic(decoder.opts, decoder.drafter_cfg)
 
   def drafter_capacity(self, static: SpecStatic, prompt_len: int) -> int:
