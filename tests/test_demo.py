@@ -95,8 +95,9 @@ def test_cached_build_is_reused(demo_cache, monkeypatch):
 
 
 @pytest.mark.slow
-def test_cli_demo_prints_the_answer(demo_cache, capsys):
-  assert generate.main(["--model", "demo", "--method", "d2f", "--prompt", "37+48="]) == 0
+@pytest.mark.parametrize("method", ["d2f", "speculative"])  # the hybrid without --drafter_model
+def test_cli_demo_prints_the_answer(demo_cache, capsys, method):
+  assert generate.main(["--model", "demo", "--method", method, "--prompt", "37+48="]) == 0
   assert capsys.readouterr().out == "85\n"
 
 
