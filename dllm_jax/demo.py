@@ -2,21 +2,35 @@
 
     root = demo.ensure()              # trains on first use (minutes on a CPU), then cached
     demo.model_dir("d2f", root)       # the training workdir that decodes with a method
+    demo.drafter_dir("speculative", root)  # and the one a hybrid drafts with
 
 Nothing is downloaded and nothing binary is committed: the package's own trainer
-(`training.trainer.train`) fits three 0.1M-parameter networks on the synthetic two-digit
+(`training.trainer.train`) fits four 0.1M-parameter networks on the synthetic two-digit
 addition task (`data.tasks` "arithmetic:1": a+b with a, b in [0, 100), "37+48=" -> "85"),
 character tokenizer, 8-slot answer canvas, fixed seeds (a rebuild gives the same weights):
 
-  ar/               causal next-token loss, from scratch         --method ar
-  block_diffusion/  block diffusion, 4-slot blocks, block-causal  --method d2f, block_diffusion
-  mdm/              masked diffusion, bidirectional               --method llada, dream, fast_dllm
+  ar/               causal next-token loss, from scratch     --method ar; the target of
+                                                              speculative and adaptive
+  block_diffusion/  block diffusion, 4-slot blocks,          --method d2f, block_diffusion;
+                    block-causal                              the drafter of speculative and
+                                                              adaptive
+  mdm/              masked diffusion, bidirectional          --method llada, dream, fast_dllm
+  selfspec/         causal next-token loss + a masked        --method selfspec
+                    4-slot draft block (selfspec_loss)
 
-Each method gets the model trained with the attention pattern it decodes with (a
-block-causal model read bidirectionally, or the reverse, answers almost nothing). The two
-diffusion models start from the AR model with Dream's shifted logits (`shift_logits`: slot i
-is predicted at i - 1, where the AR model already predicts its next token), as Dream starts
-from Qwen; from scratch they need thousands of steps, from the AR model a few hundred.
+Every registered method decodes with the demo: each gets the model trained with the
+attention pattern its decoder declares (`Decoder.attention`: causal, block_causal,
+bidirectional or selfspec; a block-causal model read bidirectionally, or the reverse, answers
+almost nothing), and a hybrid that drafts with a second model also gets the model of its
+`drafter_attention` as drafter_params / drafter_cfg (`loading.load_model("demo", method)`), so
+`--model demo --method speculative` needs no `--drafter_model`. A new method registered with
+one of these patterns has a demo model without a change here.
+
+The other models start from the AR model. The two diffusion models switch to Dream's shifted
+logits (`shift_logits`: slot i is predicted at i - 1, where the AR model already predicts its
+next token), as Dream starts from Qwen; from scratch they need thousands of steps, from the
+AR model a few hundred. The self-speculative model keeps the AR model's unshifted logits (its
+greedy selfspec decode is its own greedy AR decode) and learns to draft with its mask block.
 
 Each model is an ordinary training workdir (config.json + checkpoints/), loadable with
 `Sampler.load(path)` like any run. The cache is `$DLLM_JAX_CACHE/demo` (default
@@ -41,36 +55,65 @@ from pathlib import Path
 from dllm_jax.training import config as config_lib
 
 CACHE_ENV = "DLLM_JAX_CACHE"
-ORDER = ("ar", "block_diffusion", "mdm")  # the diffusion models start from the AR one
+ORDER = ("ar", "block_diffusion", "mdm", "selfspec")  # the others start from the AR one
 BLOCK = 4
 _PARTIAL = ".partial-"
 
 
-# Which model decodes with each method: the attention pattern it was trained with.
-MODEL_FOR = {"ar": "ar", "d2f": "block_diffusion", "block_diffusion": "block_diffusion",
-             "llada": "mdm", "dream": "mdm", "fast_dllm": "mdm"}
+# Which model decodes with each method: the one trained with the attention pattern the
+# method's decoder declares (`Decoder.attention`; a hybrid's drafter: `drafter_attention`).
+# No method is named here: a method registered in `decoding.registry` gets its model from
+# its attention pattern.
+MODEL_FOR = {"causal": "ar", "block_causal": "block_diffusion", "bidirectional": "mdm",
+             "selfspec": "selfspec"}
 # The AR model's 1200 steps leave a margin over test_demo's 80% bar: at 800 the build was a
 # draw (>= 80% before 88fb79c changed attention's summation order, 69% after); at 1200 every
 # method answers 92-98% of the held-out sums. The MDM's 500 steps were a draw of the host's
 # floating point in the same way: 46% for llada and dream on an AVX2-only AMD EPYC host
 # (2026-12-04) where the hosts before it gave 92-98%; at 1000 steps that host gives 96-98%.
-STEPS = {"ar": 1200, "block_diffusion": 400, "mdm": 1000}
+# The self-speculative model starts from the AR one (99% of 500 held-out sums) and keeps its
+# greedy answers (its greedy selfspec decode is its own AR decode) while the mask block learns
+# to draft: after 100 / 200 / 300 / 400 steps it answers 96.6 / 98.0 / 98.6 / 99.4% of those
+# sums (all 48 of test_demo's at 300, with 96% of drafted tokens right); a step costs about
+# two of the AR model's (two forwards).
+STEPS = {"ar": 1200, "block_diffusion": 400, "mdm": 1000, "selfspec": 300}
+
+
+def model_for_attention(attention: str) -> str:
+  """The demo model trained with `attention` (see MODEL_FOR)."""
+  if attention not in MODEL_FOR:
+    raise ValueError(f"the demo has no model trained with attention {attention!r}; it has "
+                     f"{sorted(MODEL_FOR)}.")
+  return MODEL_FOR[attention]
 
 
 def model_for(method: str) -> str:
-  """The demo model that decodes with `method` (see MODEL_FOR)."""
-  if method not in MODEL_FOR:
-    raise ValueError(f"the demo has no model for method {method!r}; use one of "
-                     f"{sorted(MODEL_FOR)}.")
-  return MODEL_FOR[method]
+  """The demo model that decodes with `method`: the one of its decoder's attention."""
+  from dllm_jax.decoding import registry
+  return model_for_attention(registry.get(method).attention)
+
+
+def drafter_for(method: str) -> str | None:
+  """The demo model that drafts for `method` (its decoder's `drafter_attention`), or None
+  for a method without a drafter."""
+  from dllm_jax.decoding import registry
+  decoder = registry.get(method)
+  if not decoder.uses_drafter:
+    return None
+  if decoder.drafter_attention is None:
+    raise ValueError(f"method {method!r} drafts with a second model but its decoder declares "
+                     "no drafter_attention, so the demo cannot pick its drafter; pass one.")
+  return model_for_attention(decoder.drafter_attention)
 
 
 def training_config(name: str, root: Path | None = None):
   """The training config of demo model `name`: a small network on two-digit addition.
 
-  The diffusion models start from the AR model in `root` (`train.init_from`) with Dream's
-  shifted logits (the prediction for slot i is read at i - 1, where the AR model predicts
-  its next token), which is what lets them learn the task in a few hundred steps.
+  The other models start from the AR model in `root` (`train.init_from`). The diffusion
+  models switch to Dream's shifted logits (the prediction for slot i is read at i - 1, where
+  the AR model predicts its next token), which is what lets them learn the task in a few
+  hundred steps. The self-speculative model keeps the AR model's unshifted logits and adds
+  the selfspec objective's masked draft block to its causal loss.
   """
   c = config_lib.tiny_arithmetic_config()  # char tokenizer, 8-slot answer canvas, block 4
   c.model.d_model, c.model.n_layers, c.model.mlp_dim = 64, 2, 256
@@ -91,13 +134,17 @@ def training_config(name: str, root: Path | None = None):
     raise ValueError(f"unknown demo model {name!r}; the demo has {ORDER}.")
   c.train.steps = STEPS[name]
   c.objective.name = name
-  c.decode.method = {"ar": "ar", "block_diffusion": "block_diffusion", "mdm": "llada"}[name]
+  # decode.method keeps its default: the runs decode nothing while training
+  # (decode.eval_examples = 0), and the demo picks a model's methods by attention (MODEL_FOR).
   if name != "ar":
-    c.model.shift_logits = True
     c.opt.lr = 3e-3
     c.train.init_from = str(Path(root or ".") / "ar")
+  if name in ("block_diffusion", "mdm"):
+    c.model.shift_logits = True
     c.objective.options = ({"block_size": BLOCK, "sft": True} if name == "block_diffusion"
                            else {"sft": True})
+  elif name == "selfspec":  # unshifted, like the AR model it continues (selfspec.check_model)
+    c.objective.options = {"block_size": BLOCK, "draft_weight": 1.0}
   return config_lib.finalize(c)
 
 
@@ -129,6 +176,12 @@ def model_dir(method: str, root: Path | None = None) -> Path:
   return (demo_dir() if root is None else Path(root)) / model_for(method)
 
 
+def drafter_dir(method: str, root: Path | None = None) -> Path | None:
+  """The workdir of the model that drafts for `method`, or None if it drafts with none."""
+  name = drafter_for(method)
+  return None if name is None else (demo_dir() if root is None else Path(root)) / name
+
+
 def _stderr(message: str) -> None:
   print(message, file=sys.stderr, flush=True)
 
@@ -145,13 +198,15 @@ def ensure(root: Path | None = None, *, log: Callable[[str], None] = _stderr) ->
       shutil.rmtree(stale, ignore_errors=True)
   tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}{_PARTIAL}{os.getpid()}-",
                               dir=target.parent))
-  log(f"[demo] first use: training the demo models into {target} (2600 small steps: minutes "
-      "on a CPU; cached afterwards)")
+  log(f"[demo] first use: training the demo models into {target} ({sum(STEPS.values())} small "
+      "steps: minutes on a CPU; cached afterwards)")
   try:
     for name in ORDER:
       with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the answers
         final = trainer.train(training_config(name, tmp), tmp / name)
-      log(f"[demo] {name}: eval accuracy {final.get('eval/accuracy', float('nan')):.3f}")
+      scores = [f"eval {k[5:].replace('_', ' ')} {v:.3f}" for k, v in sorted(final.items())
+                if k.startswith("eval/") and k.endswith("accuracy")]  # selfspec: ar, draft
+      log(f"[demo] {name}: {', '.join(scores)}")
     (tmp / "recipe.json").write_text(json.dumps(recipe(), indent=1, sort_keys=True))
     try:
       os.rename(tmp, target)

@@ -2,6 +2,7 @@
 
   # the built-in demo (trained on first use, minutes on a CPU, then cached; no download)
   python -m dllm_jax.generate --model demo --method d2f --prompt "37+48="
+  python -m dllm_jax.generate --model demo --method speculative --prompt "37+48="  # every method
 
   # a HF checkpoint (+ PEFT adapter), a converted one, or a training workdir
   python -m dllm_jax.generate --model /ckpt/LLaDA-8B-Instruct --adapter /ckpt/D2F_LLaDA_LoRA \
@@ -91,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                  help=f"one of {sorted(registry.names())}")
   p.add_argument("--drafter_model",
                  help="the drafter checkpoint (any --model kind) of a method that drafts with "
-                      "a second model (speculative, adaptive); speculative's drafter kind is "
-                      "--opt drafter=ar|d2f|block_diffusion")
+                      "a second model (speculative, adaptive; --model demo brings its own); "
+                      "speculative's drafter kind is --opt drafter=ar|d2f|block_diffusion|"
+                      "selfspec")
   p.add_argument("--prompt", action="append", required=True,
                  help="prompt text; repeat for a batch")
   p.add_argument("--no_chat_template", action="store_true",
@@ -142,9 +144,10 @@ def check_args(args) -> dict[str, int] | None:
   if args.method not in registry.names():
     raise UsageError(f"--method {args.method!r} is unknown; use one of "
                      f"{sorted(registry.names())}.")
-  if args.method in drafter_methods and args.drafter_model is None:
+  if args.method in drafter_methods and args.drafter_model is None and args.model != "demo":
     raise UsageError(f"--method {args.method} drafts with a second model: pass "
-                     "--drafter_model DIR (a checkpoint sharing the target's tokenizer).")
+                     "--drafter_model DIR (a checkpoint sharing the target's tokenizer; "
+                     "--model demo brings its own).")
   if args.batch_invariant and args.method not in registry.ranking_methods():
     raise UsageError(f"--batch_invariant applies to the methods that rank confidences "
                      f"({', '.join(registry.ranking_methods())}); --method {args.method} never "

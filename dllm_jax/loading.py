@@ -8,7 +8,9 @@ sampling:
   workdir    a training run: config.json (the run's config) + checkpoints/<step>/; also its
              checkpoints/ dir or one step dir. Tokenizer, fixed prompt region and decode
              settings come from the run's `data` / `decode` config.
-  demo       the built-in demo (dllm_jax.demo): a workdir per method, trained on first use
+  demo       the built-in demo (dllm_jax.demo): a workdir per attention pattern, trained on
+             first use. A method that drafts with a second model (speculative, adaptive) gets
+             the demo's drafter with it, as the decoder options drafter_params / drafter_cfg.
 
 Every path checks the weights are finite (NonFiniteParamsError names the tensor) and reads
 only: a failed load never writes to the checkpoint.
@@ -99,9 +101,11 @@ def load_model(path, method: str, *, kind: str = "auto", dtype: str | None = Non
   registry.check(method)  # an unknown method fails before any loading
   if kind not in ("auto", "demo", *KINDS):
     raise ValueError(f"kind={kind!r} is unknown; use 'auto', 'demo' or one of {KINDS}.")
-  if str(path) == "demo" or kind == "demo":
+  demo_root = None
+  if is_demo(path, kind):
     from dllm_jax import demo
-    path, kind = demo.model_dir(method, demo.ensure()), "workdir"
+    demo_root = demo.ensure()
+    path, kind = demo.model_dir(method, demo_root), "workdir"
   path = Path(path)
   found = detect_kind(path)
   if kind != "auto" and found != kind:
@@ -117,7 +121,8 @@ def load_model(path, method: str, *, kind: str = "auto", dtype: str | None = Non
     raise ValueError(f"dtype={dtype!r} applies when converting HF weights, but {path} is "
                      f"{_DESCRIPTIONS[found]}, which loads in the dtype it was saved with.")
   if found == "workdir":
-    return _load_workdir(path, step, mesh)
+    model = _load_workdir(path, step, mesh)
+    return model if demo_root is None else _with_demo_drafter(model, method, demo_root, mesh)
   from dllm_jax import checkpoints
   if found == "hf":
     cfg, params = checkpoints.load_pretrained(path, dtype=dtype, mesh=mesh, adapter_dir=adapter,
@@ -129,6 +134,26 @@ def load_model(path, method: str, *, kind: str = "auto", dtype: str | None = Non
             "tokenizer files there." if found == "converted" else "")
     raise FileNotFoundError(f"{path} has no tokenizer.json, so text cannot be encoded.{hint}")
   return LoadedModel(params, cfg, checkpoints.load_tokenizer(path), found)
+
+
+def is_demo(path, kind: str = "auto") -> bool:
+  """Whether `path` / `kind` name the built-in demo."""
+  return str(path) == "demo" or kind == "demo"
+
+
+def _with_demo_drafter(model: LoadedModel, method: str, root: Path, mesh) -> LoadedModel:
+  """`model` with the demo's drafter for `method` (the demo model trained with the decoder's
+  `drafter_attention`) among its defaults as drafter_params / drafter_cfg; unchanged for a
+  method without a drafter."""
+  from dllm_jax import demo
+  path = demo.drafter_dir(method, root)
+  if path is None:
+    return model
+  drafter = _load_workdir(path, None, mesh)
+  defaults = dict(model.defaults)
+  defaults[method] = dict(defaults.get(method, {}), drafter_params=drafter.params,
+                          drafter_cfg=drafter.cfg)
+  return dataclasses.replace(model, defaults=defaults)
 
 
 def run_defaults(config, gen_length: int | None) -> dict:

@@ -25,9 +25,11 @@ answer the same alone and in a batch; the default ranks exactly, as the referenc
                   run's tokenizer and prompt layout, and its decode settings as defaults
 
 Methods that draft with a second model ("speculative", "adaptive") take it as the options
-drafter_params / drafter_cfg, or load it from any of the same kinds of path:
+drafter_params / drafter_cfg, or load it from any of the same kinds of path (the demo brings
+its own drafter):
 
     Sampler.load(target_dir, method="speculative", drafter_model=drafter_dir, drafter="ar")
+    Sampler.load("demo", method="speculative")              # the demo's AR + D2F drafter
 """
 
 from __future__ import annotations
@@ -184,7 +186,9 @@ class Sampler:
       drafter_model: for a method that drafts with a second model ("speculative",
         "adaptive"): its path (any kind above, detected; HF weights in `dtype`), passed as
         drafter_params / drafter_cfg. It must share the target's tokenizer (checked on the
-        ids when decoding).
+        ids when decoding). With path "demo" it defaults to the demo's drafter (the model
+        trained with the decoder's `drafter_attention`, or for speculative the one its
+        `drafter` option decodes with).
       **options: decoder options; they override the defaults a run or the demo provides.
     """
     from dllm_jax import loading  # the file formats; kept apart from the sampling logic
@@ -192,6 +196,8 @@ class Sampler:
       drafted = registry.drafter_methods()
       raise ValueError(f"drafter_model applies to methods that draft with a second model "
                        f"({', '.join(drafted)}), not {method!r}.")
+    if drafter_model is None and loading.is_demo(path, kind) and "drafter" in options:
+      drafter_model = "demo"  # speculative's drafter kind picks the demo model it drafts with
     model = loading.load_model(path, method, kind=kind, dtype=dtype, adapter=adapter,
                                merge_lora=merge_lora, step=step, mesh=mesh)
     options = {**model.options(method), **options}

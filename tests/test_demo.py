@@ -1,15 +1,18 @@
 """The built-in demo: built by the package's trainer once per session into a temporary cache,
-then every method answers arithmetic with it; builds are all-or-nothing."""
+then every registered method (the hybrids with the demo's drafter) answers arithmetic with
+it; builds are all-or-nothing."""
 
 import json
 import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
-from dllm_jax import decoding, demo, generate
+from dllm_jax import decoding, demo, generate, loading
+from dllm_jax.decoding import registry
 from dllm_jax.sampler import Sampler
 from dllm_jax.training import trainer
 from _jax_cache_env import compilation_cache_env
@@ -26,10 +29,16 @@ def _held_out(n=48, seed=7):
   return [f"{a}+{b}=" for a, b in pairs], [str(a + b) for a, b in pairs]
 
 
+# Greedy decoding with these equals greedy AR of the network that verifies (speculative: the
+# AR target; selfspec: its own network); adaptive may commit the drafter's blocks unverified.
+LOSSLESS = ("speculative", "selfspec")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("method", sorted(demo.MODEL_FOR))
+@pytest.mark.parametrize("method", sorted(registry.names()))
 def test_every_method_adds(demo_cache, method):
-  """The README's `37+48=` gives 85 and >= 80% of 48 held-out sums are right.
+  """Every registered method decodes with the demo (the hybrids with the demo's drafter): the
+  README's `37+48=` gives 85 and >= 80% of 48 held-out sums are right.
 
   `37+48=` rides in the held-out batch (49 rows, the same 64-row batch bucket as 48): one
   compiled decode per method instead of a second one for a batch of 1. A row's answer does not
@@ -44,6 +53,32 @@ def test_every_method_adds(demo_cache, method):
   assert readme == "85", (method, readme)
   accuracy = np.mean([g == a for g, a in zip(got, answers)])
   assert accuracy >= 0.8, (method, accuracy, list(zip(got, answers))[:8])
+  if method in LOSSLESS:  # the AR answers of the same network, token for token
+    ar = sampler.replace(method="ar", options={"gen_length": sampler.options["gen_length"]})
+    assert ar.sample(["37+48="] + prompts) == [readme] + got, method
+
+
+@pytest.mark.slow
+def test_hybrids_get_the_demo_drafter(demo_cache):
+  """A method that drafts with a second model gets the demo model of its decoder's
+  drafter_attention; speculative's `drafter` option picks the one that drafter decodes with."""
+  path = demo.ensure()
+  models = {name: loading.load_model(path / name, "ar") for name in demo.ORDER}
+
+  def same(tree, name):
+    return all(jax.tree.leaves(jax.tree.map(np.array_equal, tree, models[name].params)))
+
+  for method in registry.drafter_methods():
+    options = loading.load_model("demo", method).options(method)
+    assert same(options["drafter_params"], "block_diffusion"), method  # D2F drafts by default
+    assert options["drafter_cfg"] == models["block_diffusion"].cfg, method
+    sampler = Sampler.load("demo", method)
+    assert same(sampler.params, "ar") and same(sampler.options["drafter_params"],
+                                               "block_diffusion"), method
+  for drafter, name in (("ar", "ar"), ("selfspec", "selfspec"), ("d2f", "block_diffusion")):
+    sampler = Sampler.load("demo", "speculative", drafter=drafter)
+    assert same(sampler.options["drafter_params"], name), drafter
+  assert "drafter_params" not in loading.load_model("demo", "ar").options("ar")
 
 
 @pytest.mark.slow
@@ -55,11 +90,16 @@ def test_cached_build_is_reused(demo_cache, monkeypatch):
   assert demo.ensure() == path
   assert demo.model_dir("d2f") == path / "block_diffusion"
   assert demo.model_dir("ar") == path / "ar" and demo.model_dir("llada") == path / "mdm"
+  assert demo.model_dir("selfspec") == path / "selfspec"
+  assert demo.model_dir("speculative") == path / "ar"
+  assert demo.drafter_dir("adaptive") == path / "block_diffusion"
+  assert demo.drafter_dir("d2f") is None
 
 
 @pytest.mark.slow
-def test_cli_demo_prints_the_answer(demo_cache, capsys):
-  assert generate.main(["--model", "demo", "--method", "d2f", "--prompt", "37+48="]) == 0
+@pytest.mark.parametrize("method", ["d2f", "speculative"])  # the hybrid without --drafter_model
+def test_cli_demo_prints_the_answer(demo_cache, capsys, method):
+  assert generate.main(["--model", "demo", "--method", method, "--prompt", "37+48="]) == 0
   assert capsys.readouterr().out == "85\n"
 
 
@@ -114,6 +154,14 @@ def test_stale_partial_build_is_swept(tmp_path, monkeypatch):
   assert demo.is_built(target) and not dead.exists() and live.exists()
 
 
-def test_unknown_method_is_named():
-  with pytest.raises(ValueError, match="no model for method 'beam'"):
+def test_every_method_has_a_demo_model():
+  """The demo's models are picked by attention pattern, so every registered method (and its
+  drafter) has one; a method of another pattern is named."""
+  for method in registry.names():
+    assert demo.model_for(method) in demo.ORDER, method
+    assert demo.drafter_for(method) in (None, *demo.ORDER), method
+  assert demo.drafter_for("speculative") == "block_diffusion" and demo.drafter_for("ar") is None
+  with pytest.raises(ValueError, match="Unknown decoding method 'beam'"):
     demo.model_for("beam")
+  with pytest.raises(ValueError, match="no model trained with attention 'sliding'"):
+    demo.model_for_attention("sliding")

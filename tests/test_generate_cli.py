@@ -195,7 +195,8 @@ def test_batch_invariant_flag_reaches_the_sampler():
 
 @pytest.mark.parametrize("flags, expected", [
     (["--method", "beam"], "error: --method 'beam' is unknown; use one of ['adaptive', 'ar',"),
-    (["--method", "speculative"], "error: --method speculative drafts with a second model"),
+    (["--model", "ckpt", "--method", "speculative"],  # the demo brings its own drafter
+     "error: --method speculative drafts with a second model"),
     (["--drafter_model", "d"], "error: --drafter_model applies to --method speculative or"),
     (["--method", "ar", "--batch_invariant"],
      "error: --batch_invariant applies to the methods that rank confidences"),
@@ -219,6 +220,21 @@ def test_flag_mistakes_are_reported_before_jax_loads(tmp_path, flags, expected):
   assert expected in lines[-1], proc.stderr[-2000:]
   if not flags[0].startswith("--methd"):  # argparse prints its usage above its error line
     assert len(lines) == 1, proc.stderr
+
+
+def test_demo_hybrids_need_no_drafter_flag():
+  """`--model demo` brings a drafter for every method that drafts with one; any other model
+  still needs --drafter_model."""
+  from dllm_jax.decoding import registry
+  for method in registry.drafter_methods():
+    for model, ok in (("demo", True), ("/ckpt/target", False)):
+      args = generate.build_parser().parse_args(["--model", model, "--method", method,
+                                                 "--prompt", "37+48="])
+      if ok:
+        assert generate.check_args(args) is None
+      else:
+        with pytest.raises(generate.UsageError, match="--drafter_model DIR"):
+          generate.check_args(args)
 
 
 @pytest.fixture(scope="module")
