@@ -4,10 +4,10 @@ Shape legend: B batch, P padded prompt length, G gen_length, T = P + G canvas, V
 N = G // block_length blocks, S = steps.
 
 The canvas is `prompt | G x [MASK]`. A row's step i of S (its own count, `row_step`) works
-on block i // (S / N): one
-bidirectional forward over the whole canvas (no cache) proposes a token and a confidence for
-each masked slot of the current block (later blocks never compete), and each row commits its
-`k_i` most confident proposals. How many is the `unmasking` schedule (`unmasking.py`):
+on block i // (S / N): one bidirectional forward over the whole canvas (no cache) proposes a
+token and a confidence for each masked slot of the current block (later blocks never
+compete), and each row commits its `k_i` most confident proposals. How many is the
+`unmasking` schedule (`unmasking.py`):
 "even" (default, LLaDA's): within a block of m masks and s steps, step j commits m // s
 tokens plus one for the first m % s steps; "cosine" (MaskGIT's): the counts of a cosine
 masking curve; both are precomputed statically. "entropy_bound" (the EB sampler) decides
@@ -218,8 +218,8 @@ def init_state(params, cfg: ModelConfig, opts: LLaDAOptions, tokens, valid,
   b = tokens.shape[0]
   zero = lambda: jnp.zeros((), jnp.int32)  # distinct buffers: the state may be donated
   return LLaDAState(canvas=canvas, valid=cvalid, positions=positions, step=zero(), nfe=zero(),
-                    row_step=jnp.zeros((b,), jnp.int32), committed=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), rng=rng,
-                    knobs=knobs, finite=jnp.ones((b,), bool))
+                    row_step=jnp.zeros((b,), jnp.int32), committed=jnp.zeros((b,), jnp.int32),
+                    done=jnp.zeros((b,), bool), rng=rng, knobs=knobs, finite=jnp.ones((b,), bool))
 
 
 def _guided_logits(params, cfg, opts, state: LLaDAState) -> Array:
