@@ -21,12 +21,11 @@ import pytest
 
 from conftest import backend_compiles
 
-from dllm_jax.decoding import generate
-from dllm_jax.decoding import registry
+from dllm_jax.decoding import generate, registry
 from dllm_jax.models import get_preset
 from dllm_jax.serving import (BadOptionError, CancelledError, Engine, InvalidPromptError,
                               MaskInPromptError, PromptTooLongError, Result, StreamUpdate,
-                              UnknownMethodError, request_keys)
+                              UnknownMethodError, request_keys, rows)
 from test_decoding_d2f import peaked_params
 
 CFG = get_preset("tiny")
@@ -38,11 +37,15 @@ METHODS = {  # lane -> the method's options
     "fast_dllm_dual": dict(gen_length=G, block_length=4, cache="dual", threshold=0.5),
     "fast_dllm_prefix": dict(gen_length=G, block_length=4, cache="prefix", rule="factor"),
     "fast_dllm_none": dict(gen_length=G, block_length=6, cache="none", threshold=0.7),
+    "llada": dict(gen_length=G, block_length=4, steps=6),           # 2 tokens a step
+    "dream": dict(gen_length=G, block_length=6, cfg_scale=0.5),     # CFG: 2B-row forwards
 }
 SAMPLED = {"ar": dict(temperature=1.0, top_p=0.9), "d2f": dict(temperature=1.0),
            "block_diffusion": dict(temperature=0.8, remasking="random"),
            "fast_dllm_dual": dict(temperature=1.0), "fast_dllm_prefix": dict(temperature=0.8),
-           "fast_dllm_none": dict(temperature=1.0)}
+           "fast_dllm_none": dict(temperature=1.0),
+           "llada": dict(temperature=1.0, remasking="random"),
+           "dream": dict(temperature=1.0, alg_temp=0.5)}
 
 
 def method_of(lane: str) -> str:
@@ -74,7 +77,8 @@ def workload(n: int, seed: int = 0):
 def served(method: str, options: dict) -> dict:
   """The options the engine decodes a `method` lane with: batch_invariant=True for the
   methods that rank (`rows.invariant_options`), so a row alone equals the row served."""
-  return {**options, "batch_invariant": True} if method in registry.ranking_methods() else dict(options)
+  ranks = method in registry.ranking_methods()
+  return {**options, "batch_invariant": True} if ranks else dict(options)
 
 
 def _alone(params, lane, options, requests):
@@ -159,6 +163,20 @@ def _check_outputs(params, lane, options, n):
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_outputs_equal_alone(params, method, sampled):
   _check_outputs(params, method, SAMPLED[method] if sampled else {}, n=24)
+
+
+@pytest.mark.parametrize("options", [
+    dict(steps=G, unmasking="entropy_bound", entropy_bound=1.0, temperature=1.0),
+    dict(early_stop=False, temperature=1.0)], ids=["entropy_bound", "no_early_stop"])
+def test_llada_rules_served_equal_alone(params, options):
+  """LLaDA's adaptive count (entropy_bound: each row its own number of steps) and
+  early_stop=False (a row runs all its S steps) in the 3-slot engine, one step per run:
+  rows joining beside rows at other steps equal their one-prompt decodes."""
+  requests = workload(9, seed=11)
+  results, events = _serve(_engine(params, "llada", options, **SMALL), "llada", options,
+                           requests)
+  assert [r.tokens for r in results] == _alone(params, "llada", options, requests)
+  assert_streams_add_up(events, results)
 
 
 @pytest.mark.slow
@@ -250,11 +268,13 @@ def test_backend_compiles_sees_a_compile(no_compile_cache):
 
 
 def test_no_recompiles_after_warmup(params, no_compile_cache):
-  lanes = ("ar", "d2f", "fast_dllm")
+  lanes = ("ar", "d2f", "fast_dllm", "llada")
   engine = Engine(params, CFG, methods={"ar": dict(gen_length=G, temperature=1.0),
                                         "d2f": dict(gen_length=G, block_length=4),
                                         "fast_dllm": dict(gen_length=G, block_length=4,
-                                                          cache="dual", temperature=1.0)},
+                                                          cache="dual", temperature=1.0),
+                                        "llada": dict(gen_length=G, block_length=4, steps=6,
+                                                      temperature=1.0)},
                   slots=4, max_prompt_len=16, prompt_buckets=(8, 16))
   engine.warmup()
   with backend_compiles() as compiles:
@@ -265,9 +285,11 @@ def test_no_recompiles_after_warmup(params, no_compile_cache):
     engine.submit([5, 6], method="ar")
     engine.submit([7], method="d2f")
     engine.submit([8, 9, 10], method="fast_dllm")
+    engine.submit([11, 12], method="llada")
     engine.step()
     engine.cancel(engine._next_id - 1)
     engine.cancel(engine._next_id - 2)
+    engine.cancel(engine._next_id - 3)
     engine.run_until_idle()
   assert compiles == []
   assert engine.metrics().occupancy > 0
@@ -285,11 +307,12 @@ def test_metrics(params):
   assert m.nfe_mean == pytest.approx(np.mean([r.nfe for r in results]))
 
 
-def test_engine_rejects_bad_setup(params):
+def test_engine_rejects_bad_setup(params, monkeypatch):
   with pytest.raises(ValueError, match="exceeds the model window"):
     Engine(params, CFG, methods="ar", options=dict(gen_length=64), max_prompt_len=100)
+  monkeypatch.delitem(rows.SERVED, registry.get("dream"))  # a method with no row adapter
   with pytest.raises(ValueError, match="cannot be served"):
-    Engine(params, CFG, methods="llada")
+    Engine(params, CFG, methods="dream")
   with pytest.raises(ValueError, match="Unknown cache mode"):
     Engine(params, CFG, methods="fast_dllm", options=dict(gen_length=8, cache="full"))
   with pytest.raises(ValueError, match="multiple of block_length"):

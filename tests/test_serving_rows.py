@@ -2,7 +2,8 @@
 
 The reference is each prompt decoded alone (a one-row batch) with its key; the batch mixes
 prompt lengths, so left padding, window widths and batch indices differ from the one-row
-runs. Fast-dLLM runs with each cache mode (none, prefix, dual); AR with top-k and with top-p.
+runs. Fast-dLLM runs with each cache mode (none, prefix, dual); AR with top-k and with top-p;
+LLaDA with random remasking, Dream with its sampled order and CFG.
 
 Compile budget: a decode compiles once per shape, so the prompts have two lengths (5 and 1:
 two one-row programs, plus the batch's); lanes that differ only in traced knobs (AR's top_k,
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dllm_jax.decoding import ar, base, d2f, fast_dllm, sampling
+from dllm_jax.decoding import ar, base, d2f, fast_dllm, llada, sampling
 from dllm_jax.models import get_preset
 from dllm_jax.serving import request_keys, rows
 from test_decoding_d2f import peaked_params
@@ -39,6 +40,10 @@ METHODS = {
     "fast_dllm_none": (fast_dllm.fast_dllm_generate,
                        dict(gen_length=12, block_length=6, temperature=1.0, cache="none",
                             threshold=0.7, **INVARIANT)),
+    "llada": (llada.llada_generate, dict(gen_length=12, block_length=4, steps=6,
+                                         temperature=1.0, remasking="random", **INVARIANT)),
+    "dream_cfg": (llada.dream_generate, dict(gen_length=12, block_length=6, temperature=1.0,
+                                             alg_temp=0.5, cfg_scale=0.5, **INVARIANT)),
 }
 
 
@@ -79,13 +84,14 @@ def test_keyed_noise_matches_per_key_draws():
     sampling.keyed_noise(keys, (4, 5), lambda k, s: jax.random.uniform(k, s))
 
 
-@pytest.mark.parametrize("cache", fast_dllm.CACHE_MODES)
-def test_fast_dllm_pad_equals_init_at_the_largest_bucket(params, cache):
+@pytest.mark.parametrize("method,options", [("fast_dllm", dict(cache=c))
+                                            for c in fast_dllm.CACHE_MODES] + [("llada", {})])
+def test_canvas_pad_equals_init_at_the_largest_bucket(params, method, options):
   """Rows built at a small prompt bucket and padded to P are the rows built at P, leaf by
   leaf (canvas, cache slots in canvas order, cursors, keys); the per-row axis rule holds."""
-  decoder = rows.for_method("fast_dllm")
+  decoder = rows.for_method(method)
   static, traced = decoder.split(decoder.make_options(
-      CFG, dict(gen_length=12, block_length=4, cache=cache)))
+      CFG, dict(gen_length=12, block_length=4, **options)))
   keys = request_keys(SEEDS)
 
   def init(length):

@@ -3,10 +3,11 @@
 Shape legend: B batch, P padded prompt length, G gen_length, T = P + G canvas, V vocab,
 N = G // block_length blocks, S = steps.
 
-The canvas is `prompt | G x [MASK]`. Step i of S works on block i // (S / N): one
-bidirectional forward over the whole canvas (no cache) proposes a token and a confidence for
-each masked slot of the current block (later blocks never compete), and each row commits its
-`k_i` most confident proposals. How many is the `unmasking` schedule (`unmasking.py`):
+The canvas is `prompt | G x [MASK]`. A row's step i of S (its own count, `row_step`) works
+on block i // (S / N): one bidirectional forward over the whole canvas (no cache) proposes a
+token and a confidence for each masked slot of the current block (later blocks never
+compete), and each row commits its `k_i` most confident proposals. How many is the
+`unmasking` schedule (`unmasking.py`):
 "even" (default, LLaDA's): within a block of m masks and s steps, step j commits m // s
 tokens plus one for the first m % s steps; "cosine" (MaskGIT's): the counts of a cosine
 masking curve; both are precomputed statically. "entropy_bound" (the EB sampler) decides
@@ -31,6 +32,16 @@ decided. That cannot change its output: the decided prefix never changes again, 
 be committed before the stop, and everything after it is cut. Rows never interact (their
 forwards and random keys are per row), so freezing one cannot change another. The loop exits
 when every row is done.
+
+Per-row clock: each row counts the steps it was live in (`row_step` [B]: below S and, with
+early stop, not done), and its block, its count k and its ordering depend on that count
+only. Decoding a batch from scratch every live row's count equals the loop's `step`, so a
+batch decodes as before. Random keys: one key gives row r at loop step i
+`fold_in(fold_in(rng, i), row_offset + r)` (`sampling.row_keys`); a [B] array of keys (one
+per row, e.g. per request: `serving.request_keys`) gives row b `fold_in(rng[b],
+row_step[b])`, so the row decodes as it would alone with `rng=rng[b:b+1]`, whatever step the
+batch is at (the serving engine inserts rows into a running batch this way: every
+non-scalar field is per row). A row is done when its answer is final or its own S steps ran.
 
 temperature, alg_temp, cfg_scale and entropy_bound are traced (`LLaDAOptions.split`; only
 CFG on/off is static, since it doubles the forward batch): sweeping them never recompiles. A row whose
@@ -168,11 +179,14 @@ def transfer_schedule(block_length: int, steps_per_block: int, num_blocks: int) 
 
 @flax.struct.dataclass
 class LLaDAState:
-  """Loop carry. canvas/valid/positions [B, T]; committed/done [B]; step/nfe []."""
+  """Loop carry. canvas/valid/positions [B, T]; row_step (steps the row was live in: its
+  schedule position and forwards), committed, done, finite [B]; step/nfe [] loop steps and
+  batched forwards; rng one key or [B] keys (one per row); knobs the traced options."""
   canvas: Array
   valid: Array
   positions: Array
   step: Array
+  row_step: Array
   nfe: Array
   committed: Array
   done: Array
@@ -210,8 +224,8 @@ def init_state(params, cfg: ModelConfig, opts: LLaDAOptions, tokens, valid,
   b = tokens.shape[0]
   zero = lambda: jnp.zeros((), jnp.int32)  # distinct buffers: the state may be donated
   return LLaDAState(canvas=canvas, valid=cvalid, positions=positions, step=zero(), nfe=zero(),
-                    committed=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool), rng=rng,
-                    knobs=knobs, finite=jnp.ones((b,), bool))
+                    row_step=jnp.zeros((b,), jnp.int32), committed=jnp.zeros((b,), jnp.int32),
+                    done=jnp.zeros((b,), bool), rng=rng, knobs=knobs, finite=jnp.ones((b,), bool))
 
 
 def _guided_logits(params, cfg, opts, state: LLaDAState) -> Array:
@@ -260,14 +274,20 @@ def row_done(cfg: ModelConfig, response: Array, decided: Array) -> Array:
   return base.first_stop_decided(response, decided, base.stop_ids(cfg)) | jnp.all(decided, 1)
 
 
+def _schedule_step(opts: LLaDAOptions, state: LLaDAState) -> Array:
+  """[B] each row's position in the fixed schedule (S - 1 once its S steps ran: such a row
+  has no candidates left)."""
+  return jnp.minimum(state.row_step, opts.steps - 1)
+
+
 def _block_start(cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> Array:
-  """Canvas column of the block each row works on: [] step // steps_per_block for a fixed
-  schedule; [B] each row's first block with a mask left for entropy_bound (the last block
-  for a row with none: it has no candidates)."""
+  """[B] canvas column of the block each row works on: its row_step // steps_per_block for
+  a fixed schedule; its first block with a mask left for entropy_bound (the last block for
+  a row with none: it has no candidates)."""
   t = state.canvas.shape[1]
   first = t - opts.gen_length
   if not opts.adaptive:
-    return first + (state.step // opts.steps_per_block) * opts.block_length
+    return first + (_schedule_step(opts, state) // opts.steps_per_block) * opts.block_length
   b = state.canvas.shape[0]
   masked = state.canvas[:, first:] == cfg.mask_token_id
   open_blocks = jnp.any(masked.reshape(b, opts.num_blocks, opts.block_length), axis=-1)
@@ -300,8 +320,11 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
   logits = _take_block(_guided_logits(params, cfg, opts, state), start, bl)
   finite = state.finite & (sampling.all_finite(logits) | state.done)
   logits = sampling.forbid(logits, forbidden_ids(cfg, opts))
-  keys = jax.vmap(lambda k: jax.random.split(k, 3))(                   # [B, 3]
-      sampling.row_keys(state.rng, state.step, b, state.knobs.get("row_offset", 0)))
+  if sampling.is_row_keys(state.rng):  # one key per row: fold_in(rng[b], row_step[b])
+    row_keys = sampling.row_step_keys(state.rng, state.row_step)
+  else:
+    row_keys = sampling.row_keys(state.rng, state.step, b, state.knobs.get("row_offset", 0))
+  keys = jax.vmap(lambda k: jax.random.split(k, 3))(row_keys)          # [B, 3]
   temperature = base.knob(opts, state.knobs, "temperature")
   alg_temp = base.knob(opts, state.knobs, "alg_temp")
   x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys[:, 0])
@@ -309,8 +332,9 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
   conf = jax.vmap(lambda lg, x, k: sampling.confidence(lg, x, kind, k))(logits, x0, keys[:, 1])
 
   block = _take_block(state.canvas, start, bl)
-  active = ~state.done if opts.early_stop else jnp.ones((b,), bool)
-  candidates = (block == cfg.mask_token_id) & active[:, None]
+  live = state.row_step < opts.steps
+  live = live & ~state.done if opts.early_stop else live
+  candidates = (block == cfg.mask_token_id) & live[:, None]
   demoted = None
   if opts.confidence_eos_eot_inf:
     demoted = jnp.isin(x0, jnp.asarray(base.stop_ids(cfg), jnp.int32))
@@ -321,14 +345,18 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
         order, unmasking_lib.predictive_entropy(logits), candidates,
         state.knobs["entropy_bound"], demoted, invariant=opts.batch_invariant)
   else:
-    k = jnp.broadcast_to(jnp.asarray(schedule(opts))[state.step], (b,))
+    k = jnp.asarray(schedule(opts))[_schedule_step(opts, state)]          # [B]
     commit = select_ranked(conf, candidates, k, alg_temp, keys[:, 2], demoted,
                            invariant=opts.batch_invariant)
 
   canvas = _put_block(state.canvas, jnp.where(commit, x0, block), start)
   new = state.replace(canvas=canvas, step=state.step + 1, nfe=state.nfe + 1, finite=finite,
+                      row_step=state.row_step + live.astype(jnp.int32),
                       committed=state.committed + jnp.sum(commit, axis=1, dtype=jnp.int32))
-  return new.replace(done=row_done(cfg, *response_view(cfg, opts, new)))
+  # Done stays done (a final answer stays final; a row the serving engine retired stays
+  # retired), and a row whose own S steps ran is done.
+  done = row_done(cfg, *response_view(cfg, opts, new)) | state.done
+  return new.replace(done=done | (new.row_step >= opts.steps))
 
 
 def running(opts: LLaDAOptions, state: LLaDAState) -> Array:
@@ -371,7 +399,8 @@ def llada_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, r
     params: model parameters.
     cfg: the model config (needs mask_token_id).
     prompt_tokens: [B, P] int left-padded prompts; prompt_valid: [B, P] bool (None: all real).
-    rng: PRNG key for temperature / random orders (default key 0).
+    rng: PRNG key for temperature / random orders (default key 0), or [B] keys, one per
+      row (each row then draws from its own key only; module docstring).
     on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
       "flag" (return them with `finite` False, lengths 0).
     **options: fields of `LLaDAOptions` (unknown names raise ValueError).

@@ -93,7 +93,7 @@ class Engine:
     cfg: the model config.
     methods: a method name, or {method: options} for several lanes (each with `slots`
       slots); default `registry.DEFAULT_METHOD`. Served: `rows.served_methods()`, every
-      registered method with a row adapter (all but LLaDA / Dream today).
+      registered method with a row adapter (`rows.register`).
     options: the options of a single `methods` name (e.g. gen_length, block_length, tau_*).
       Speculative's and adaptive's drafter is a lane option: `drafter_params`,
       `drafter_cfg` (with drafter, draft_length, ...) go here, once; requests may not name
@@ -368,8 +368,8 @@ def _method_message(method: str, lanes=None) -> str:
   served = rows.served_methods() if lanes is None else sorted(lanes)
   known = method in registry.names()
   if known and rows.for_method(method) is None:
-    return (f"method {method!r} cannot be served by the engine yet: its decoder has no row "
-            f"adapter (its step schedule is shared by the whole batch). Served: {served}.")
+    return (f"method {method!r} cannot be served by the engine: its decoder has no row "
+            f"adapter (register one with serving.rows.register). Served: {served}.")
   if lanes is not None and known:
     return (f"this engine serves {served}, not {method!r}; start the engine with "
             f"methods={{{method!r}: options, ...}}.")

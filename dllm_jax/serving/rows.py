@@ -3,10 +3,10 @@
 Shape legend: B slots (the engine's batch), A admitted rows, P the largest prompt bucket,
 p this admission's bucket, G gen_length, L layers, K kv heads, Dh head dim.
 
-A decoder module (`decoding/ar.py`, `d2f.py`, `fast_dllm.py`, `speculative.py`) keeps every
-cursor per row and, given per-row keys, draws a row's noise from its own key only; so a batch
-row can be replaced by a fresh one while the others keep their state. A `RowDecoder` adapts a
-module to the engine:
+A decoder module (`decoding/ar.py`, `d2f.py`, `fast_dllm.py`, `llada.py`, `speculative.py`)
+keeps every cursor per row and, given per-row keys, draws a row's noise from its own key only;
+so a batch row can be replaced by a fresh one while the others keep their state. A
+`RowDecoder` adapts a module to the engine:
 
   make_options(cfg, options) -> opts           checked options (ValueError naming the fix);
       a method that ranks confidences gets batch_invariant=True (`invariant_options`)
@@ -47,6 +47,10 @@ engine finds a method's adapter through `decoding.registry` and `for_method`):
                    prepends padding slots to canvas and cache (the state then equals one
                    built at P). Its static part (`FastStatic`) carries the [MASK] id by which
                    `progress` reads decided slots. Its state keeps the axis rule.
+  llada, dream     `LLaDARows`: FastDLLMRows over `llada.py` (no cache; CFG, every
+                   remasking and unmasking rule). Each row runs its own step schedule
+                   (`row_step` [B]: block, count and keys per row); done when its answer
+                   is final or its own S steps ran.
   speculative      `speculative_rows.SpeculativeRows`: a drafter ("ar", "d2f",
                    "block_diffusion", "selfspec") proposes k tokens, the AR target verifies
                    them; two caches per slot, per-row acceptance and rollback (see that
@@ -56,7 +60,6 @@ engine finds a method's adapter through `decoding.registry` and `for_method`):
   adaptive         `adaptive_rows.AdaptiveRows`: per row and round, the drafter's block
                    committed in parallel, verified by the AR target, or plain AR; a
                    request's `task` tag (a row option) may force its mode.
-LLaDA and Dream share one step schedule across the batch: not served yet.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import ar, base, d2f, fast_dllm, registry
+from dllm_jax.decoding import ar, base, d2f, fast_dllm, llada, registry
 from dllm_jax.models import masks
 from dllm_jax.models.config import ModelConfig
 
@@ -251,9 +254,10 @@ class D2FRows(RowDecoder):
 
 @dataclasses.dataclass(frozen=True)
 class FastStatic:
-  """Fast-dLLM's jit-static part in the engine: the static options and the model's [MASK]
-  id, by which `progress` tells decided response slots (the options do not hold it)."""
-  opts: fast_dllm.FastDLLMOptions
+  """A canvas decoder's jit-static part in the engine (Fast-dLLM, LLaDA / Dream): the static
+  options and the model's [MASK] id, by which `progress` tells decided response slots (the
+  options do not hold it)."""
+  opts: object
   mask_id: int
 
   @property
@@ -268,17 +272,25 @@ class FastStatic:
 
 class FastDLLMRows(RowDecoder):
   """Fast-dLLM rows (rule threshold / factor, cache none / prefix / dual): a row joins with
-  its all-masked canvas and no forward yet (its first step is its block-0 refresh)."""
+  its all-masked canvas and no forward yet (its first step is its block-0 refresh).
+
+  Written over the method's `protocol.LoopDecoder` module (`init_state`, `step`, `check`),
+  its options class and defaults, so LLaDA / Dream rows (`LLaDARows`) share it."""
 
   def __init__(self):
     super().__init__(method="", needs_mask=True)
 
+  @property
+  def module(self):
+    return registry.get(self.method).module
+
   def make_options(self, cfg: ModelConfig, options: dict):
     if cfg.mask_token_id is None:
-      raise ValueError(f"model config {cfg.name!r} has no mask_token_id; Fast-dLLM needs one "
-                       "(serve a masked-diffusion model).")
-    return FastStatic(base.make_options(fast_dllm.FastDLLMOptions,
-                                        invariant_options(self.method, options)),
+      raise ValueError(f"model config {cfg.name!r} has no mask_token_id; method "
+                       f"{self.method!r} needs one (serve a masked-diffusion model).")
+    decoder = registry.get(self.method)
+    return FastStatic(base.make_options(
+        decoder.options, {**decoder.defaults, **invariant_options(self.method, options)}),
                       cfg.mask_token_id)
 
   def split(self, opts: FastStatic):
@@ -289,10 +301,10 @@ class FastDLLMRows(RowDecoder):
     return static.gen_length
 
   def check(self, cfg, tokens, valid, opts):
-    fast_dllm.check(cfg, tokens, valid, opts.opts)
+    self.module.check(cfg, tokens, valid, opts.opts)
 
   def init(self, params, cfg, static, traced, tokens, valid, keys, mesh=None, rules=None):
-    return fast_dllm.init_state(params, cfg, static.opts, tokens, valid, keys, traced)
+    return self.module.init_state(params, cfg, static.opts, tokens, valid, keys, traced)
 
   def pad(self, cfg, static, state, prompt_len: int):
     # The canvas is prompt + G and the cache holds its slots in canvas order, so padding the
@@ -302,7 +314,7 @@ class FastDLLMRows(RowDecoder):
     state = state.replace(canvas=pad_axis(state.canvas, 1, extra, 0, base.output_pad_id(cfg)),
                           valid=pad_axis(state.valid, 1, extra, 0, False),
                           positions=pad_axis(state.positions, 1, extra, 0, 0))
-    if state.cache is not None:
+    if getattr(state, "cache", None) is not None:
       cache = state.cache
       state = state.replace(cache=cache.replace(
           k=pad_axis(cache.k, 2, extra, 0, 0), v=pad_axis(cache.v, 2, extra, 0, 0),
@@ -310,7 +322,7 @@ class FastDLLMRows(RowDecoder):
     return state
 
   def step(self, params, cfg, static, state, mesh=None, rules=None):
-    new = fast_dllm.step(params, cfg, static.opts, state)
+    new = self.module.step(params, cfg, static.opts, state)
     # `done` stays set: a row the engine retired (done set by the host) must not run on.
     # Decoding alone it never unsets (a final answer stays final), so outputs are unchanged.
     return new.replace(done=new.done | state.done)
@@ -322,6 +334,18 @@ class FastDLLMRows(RowDecoder):
     response = state.canvas[:, -static.gen_length:]
     return (response, _leading_true(response != static.mask_id), state.done, state.finite,
             state.forwards)
+
+
+class LLaDARows(FastDLLMRows):
+  """LLaDA / Dream rows: Fast-dLLM's canvas rows (all-masked canvas, no forward yet; `pad`
+  prepends padding slots). Each row follows its own step count (`row_step` [B], also the
+  forwards it was live in), so its block, count and keys do not depend on when it joined;
+  it is done when its answer is final or its S steps ran."""
+
+  def progress(self, static, state):
+    response = state.canvas[:, -static.gen_length:]
+    return (response, _leading_true(response != static.mask_id), state.done, state.finite,
+            state.row_step)
 
 
 SERVED: dict[type, RowDecoder] = {}
@@ -352,6 +376,8 @@ register(ar.ARDecoder, ARRows())
 register(d2f.D2FDecoder, D2FRows())
 register(d2f.BlockDiffusionDecoder, D2FRows())
 register(fast_dllm.FastDLLMDecoder, FastDLLMRows())
+register(llada.LLaDADecoder, LLaDARows())
+register(llada.DreamDecoder, LLaDARows())
 
 
 def scatter_rows(decoder: RowDecoder, state, new, slots: Array):
