@@ -16,7 +16,9 @@ raises `NonFiniteLogitsError` naming them unless `on_nonfinite="flag"`.
 
 Shapes are bucketed (`decoding.buckets`): the prompt length is left padded to a power of two
 from 16 and the batch to a power of two (extra rows repeat the last row and are dropped), so
-prompts and batches inside one bucket share one compile and give the same tokens; `pad_to=`
+prompts and batches inside one bucket share one compile and give the same tokens (for the
+methods that rank confidences, with batch_invariant=True: the default ranks exactly, as the
+references do, and a forward's float noise depends on the batch); `pad_to=`
 and `batch_buckets=` override the buckets (None: exact shapes).
 
 With `mesh=`, the batch is split over the mesh's data axes (rows are padded to a multiple of
@@ -27,7 +29,7 @@ program, every device stepping until the slowest row of the whole batch is done.
 parameters already on the mesh's devices stay where they are, host or single-device
 parameters are placed by `parallel.mesh.param_shardings`, and since rows are independent and
 each row's random keys depend only on its global index, the tokens equal single-device
-decoding. Under `jax.distributed` (a mesh spanning processes) every process passes the same
+decoding (with batch_invariant=True where the method ranks). Under `jax.distributed` (a mesh spanning processes) every process passes the same
 prompts and gets the whole output.
 """
 
