@@ -80,7 +80,7 @@ def test_d2f_dispatch_passes_prompts_options_and_mesh(monkeypatch):
   np.testing.assert_array_equal(tokens, [[5, 6, 7], [0, 0, 8]])
   np.testing.assert_array_equal(valid, [[1, 1, 1], [0, 0, 1]])
   assert isinstance(decoder, d2f.D2FDecoder) and decoder.mesh is None
-  assert (decoder.opts.gen_length, decoder.opts.block_size) == (8, 4)
+  assert (decoder.opts.gen_length, decoder.opts.block_length) == (8, 4)
   np.testing.assert_allclose(np.asarray(traced.tau_conf), 0.8)
   mesh = mesh_lib.make_mesh({"data": 1})
   out = api.generate(random_params(cfg), cfg, [[5, 6, 7], [8]], method="d2f", mesh=mesh,

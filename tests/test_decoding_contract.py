@@ -1,4 +1,4 @@
-"""What every decoding method promises alike: streaming, one option vocabulary, traced knobs
+"""What every decoding method promises alike: streaming, one option vocabulary, traced traced
 (one compile per sweep; a temperature of 0 is its own program, with no random draws), NaN
 options rejected, non-finite logits flagged, batch-invariant ranking and params left in place
 on a mesh.
@@ -150,9 +150,9 @@ def test_block_length_defaults_to_32_capped_at_gen_length():
   assert llada.LLaDAOptions(gen_length=16).block_length == 16
   assert fast_dllm.FastDLLMOptions(gen_length=16).block_length == 16
   cfg = get_preset("tiny")
-  assert d2f.make_spec(cfg, gen_length=64)[0].block_size == 32
+  assert d2f.d2f_options(cfg, gen_length=64)[0].block_length == 32
   spec, _ = d2f.block_diffusion_options(cfg, gen_length=16)
-  assert spec.block_size == 16 and spec.steps_per_block == 16
+  assert spec.block_length == 16 and spec.steps_per_block == 16
 
 
 # ----------------------------------------------------------------------------- NaN options
@@ -192,7 +192,7 @@ def test_meaningless_inf_option_is_a_named_error(method, option):
                  **{option: float("inf")})
 
 
-# ----------------------------------------------------------------------------- traced knobs
+# ----------------------------------------------------------------------------- traced traced
 
 SWEEPS = {  # method -> (fixed options, {traced option: >= 3 values})
     "ar": (dict(gen_length=6),

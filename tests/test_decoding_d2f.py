@@ -202,9 +202,9 @@ def test_batch_equals_single_rows(params, batch):
 def test_while_loop_equals_python_loop_of_step(params, batch):
   kw = dict(gen_length=G, max_active_blocks=2, **TWO_IN_FLIGHT)
   looped, final = d2f.d2f_generate(params, CFG, *batch, return_state=True, **kw)
-  spec, limits = d2f.make_spec(CFG, **kw)
+  spec, traced = d2f.d2f_options(CFG, **kw)
   decoder = d2f.D2FDecoder(CFG, spec)
-  state = protocol.jit_init(params, *batch, jax.random.key(0), limits, decoder=decoder)
+  state = protocol.jit_init(params, *batch, jax.random.key(0), traced, decoder=decoder)
   in_flight, lengths = [], []
   while not bool(jnp.all(state.done)):
     state = protocol.jit_step(params, state, decoder=decoder)

@@ -57,10 +57,10 @@ def test_fitted_equals_full_with_fewer_slots(params, batch, kw):
 
 def test_each_step_runs_the_smallest_bucket_that_holds_the_span(params, batch):
   kw = dict(gen_length=G, block_length=K, tau_add=0.0, tau_act=0.5, tau_conf=0.7)
-  spec, limits = d2f.make_spec(CFG, **kw)
+  spec, traced = d2f.d2f_options(CFG, **kw)
   assert spec.window == "fitted" and spec.window_blocks == ds.bucket_sizes(spec.num_blocks)
   decoder = d2f.D2FDecoder(CFG, spec)
-  state = protocol.jit_init(params, *batch, jax.random.key(0), limits, decoder=decoder)
+  state = protocol.jit_init(params, *batch, jax.random.key(0), traced, decoder=decoder)
   p = batch[0].shape[1]
   assert int(state.forward_slots) == p + K  # the first forward: prompt plus block 0
   widths = []

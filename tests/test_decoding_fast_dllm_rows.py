@@ -29,9 +29,9 @@ def params():
 
 
 @functools.partial(jax.jit, static_argnames=("opts",))
-def _decode(params, tokens, valid, rng, knobs, *, opts):
+def _decode(params, tokens, valid, rng, traced, *, opts):
   """The decode's output and its final state (cache dropped)."""
-  state = fast_dllm.init_state(params, CFG, opts, tokens, valid, rng, knobs)
+  state = fast_dllm.init_state(params, CFG, opts, tokens, valid, rng, traced)
   state = jax.lax.while_loop(functools.partial(fast_dllm.running, opts),
                              functools.partial(fast_dllm.step, params, CFG, opts), state)
   return fast_dllm.finish(CFG, opts, state), state.replace(cache=None)
@@ -40,8 +40,8 @@ def _decode(params, tokens, valid, rng, knobs, *, opts):
 def decode(params, prompts, width, seed=0, **options):
   opts = fast_dllm.FastDLLMOptions(gen_length=G, block_length=BL, **options)
   tokens, valid = base.pad_prompts(prompts, CFG.pad_token_id, width)
-  static, knobs = opts.split()
-  return jax.device_get(_decode(params, tokens, valid, jax.random.key(seed), knobs,
+  static, traced = opts.split()
+  return jax.device_get(_decode(params, tokens, valid, jax.random.key(seed), traced,
                                 opts=static))
 
 

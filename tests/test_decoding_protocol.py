@@ -39,7 +39,7 @@ class LeftToRightState:
   positions: jax.Array    # [B, P + G]
   step: jax.Array         # []
   rng: jax.Array
-  knobs: dict
+  traced: dict
   finite: jax.Array       # [B]
 
 
@@ -60,8 +60,8 @@ class LeftToRight(protocol.Decoder):
     finite = sampling.all_finite(logits[:, slot])
     logits = sampling.forbid(logits[:, slot], (self.cfg.mask_token_id,))
     keys = sampling.row_keys(state.rng, state.step, logits.shape[0],
-                             state.knobs.get("row_offset", 0))
-    temperature = base.knob(self.opts, state.knobs, "temperature")
+                             state.traced.get("row_offset", 0))
+    temperature = base.traced_option(self.opts, state.traced, "temperature")
     token = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys)
     return state.replace(canvas=state.canvas.at[:, slot].set(token), step=state.step + 1,
                          finite=state.finite & finite)

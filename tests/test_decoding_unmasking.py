@@ -220,7 +220,7 @@ def test_bad_values_raise_before_compiling(method, options, match):
     api.generate(None, BD_CFG, (toks, valid), method=method, gen_length=G, block_length=K,
                  **options)
   with pytest.raises(ValueError, match="commits by threshold"):
-    d2f.make_spec(BD_CFG, gen_length=G, block_length=K, unmasking="cosine")
+    d2f.d2f_options(BD_CFG, gen_length=G, block_length=K, unmasking="cosine")
 
 
 def _jit_init(params, cfg, opts, batch, rng):

@@ -172,8 +172,8 @@ class AdaptiveOptions:
     """(static options with canonical thresholds and no task map, {name: [] array})."""
     canonical = {"parallel_confidence": 0.9, "ar_confidence": 0.2, "min_acceptance": 0.25,
                  "trust_streak": 4}
-    static, knobs = base.split_options(self, canonical, {"trust_streak": np.int32})
-    return dataclasses.replace(static, task_modes=()), knobs
+    static, traced = base.split_options(self, canonical, {"trust_streak": np.int32})
+    return dataclasses.replace(static, task_modes=()), traced
 
   def forced_modes(self, tasks, batch: int) -> np.ndarray:
     """[B] int32 mode code each row's task tag forces, or -1 (no tag, or "auto")."""
@@ -200,19 +200,19 @@ class AdaptiveOptions:
 
 # ----------------------------------------------------------------------------- the rule
 
-def initial_mode(confidence: Array, forced: Array, knobs) -> Array:
+def initial_mode(confidence: Array, forced: Array, traced) -> Array:
   """[B] round-0 mode from [B] c0 (the drafter's first-block mean confidence)."""
-  mode = jnp.where(confidence < knobs["ar_confidence"], AR,
-                   jnp.where(confidence >= knobs["parallel_confidence"], PARALLEL, VERIFY))
+  mode = jnp.where(confidence < traced["ar_confidence"], AR,
+                   jnp.where(confidence >= traced["parallel_confidence"], PARALLEL, VERIFY))
   return jnp.where(forced >= 0, forced, mode).astype(jnp.int32)
 
 
 def next_mode(mode: Array, forced: Array, drafted: Array, accepted: Array, streak: Array,
-              knobs) -> Array:
+              traced) -> Array:
   """[B] mode for the next round, after a round's acceptance counts are added."""
   free = (mode == VERIFY) & (forced < 0)
-  low = accepted.astype(jnp.float32) < knobs["min_acceptance"] * drafted.astype(jnp.float32)
-  trusted = (knobs["trust_streak"] > 0) & (streak >= knobs["trust_streak"])
+  low = accepted.astype(jnp.float32) < traced["min_acceptance"] * drafted.astype(jnp.float32)
+  trusted = (traced["trust_streak"] > 0) & (streak >= traced["trust_streak"])
   return jnp.where(free & low, AR, jnp.where(free & trusted, PARALLEL, mode)).astype(jnp.int32)
 
 
@@ -252,7 +252,7 @@ class AdaptiveState:
   """Loop carry: response [B, G]; n, prompt_len, mode, forced, drafted, accepted, streak,
   done, finite, rounds (rounds the row was live), forwards (the forwards a one-row decode of
   the row counts: its target forwards + its drafter's) [B]; the per-round records [B, G],
-  column i the row's own round i; both caches (see speculative.SpecState); knobs, the
+  column i the row's own round i; both caches (see speculative.SpeculativeState); traced, the
   rule's traced thresholds ({name: []})."""
   response: Array
   n: Array
@@ -277,7 +277,7 @@ class AdaptiveState:
   target_forwards: Array
   drafter_forwards: Array
   rng: Array
-  knobs: dict
+  traced: dict
 
 
 # ----------------------------------------------------------------------------- one round
@@ -309,7 +309,7 @@ def _round(state: AdaptiveState, mode, drafts, conf, logits, tcache, dcache, t_k
   verifying = live & (mode == VERIFY)
   n_drafts = jnp.where(verifying, k, 0)
   keys = spec.round_keys(state.rng, state.step, state.rounds, 1,
-                         state.knobs.get("row_offset", 0))
+                         state.traced.get("row_offset", 0))
   choice, a = spec.verify(logits, drafts, n_drafts, keys, temperature=opts.temperature,
                           top_k=opts.top_k, top_p=opts.top_p, forbid_ids=(tcfg.mask_token_id,))
   parallel = mode == PARALLEL
@@ -331,7 +331,7 @@ def _round(state: AdaptiveState, mode, drafts, conf, logits, tcache, dcache, t_k
   accepted = state.accepted + a_v
   streak = jnp.where(verifying, jnp.where(a == k, state.streak + 1, 0), state.streak)
   new_mode = jnp.where(live, next_mode(mode, state.forced, drafted, accepted, streak,
-                                       state.knobs),
+                                       state.traced),
                        mode)
   c = jnp.mean(conf, -1)
   s = state.step
@@ -360,7 +360,7 @@ def _no_draft(b, k, dcache):
   return jnp.zeros((b, k), jnp.int32), jnp.zeros((b, k), jnp.float32), dcache
 
 
-def _init(tparams, dparams, prompt, valid, forced, rng, knobs, *, tcfg, dcfg,
+def _init(tparams, dparams, prompt, valid, forced, rng, traced, *, tcfg, dcfg,
           opts: AdaptiveOptions) -> AdaptiveState:
   b, p = prompt.shape
   g, k = opts.gen_length, opts.draft_length
@@ -378,7 +378,7 @@ def _init(tparams, dparams, prompt, valid, forced, rng, knobs, *, tcfg, dcfg,
                                 jnp.ones((b,), jnp.int32), prompt_len),
       functools.partial(_no_draft, b, k), dcache)
   c0 = jnp.mean(conf, -1)
-  mode = initial_mode(c0, forced, knobs)
+  mode = initial_mode(c0, forced, traced)
   ran_target = jnp.any(mode != PARALLEL)
   chunk = (jnp.concatenate([prompt, drafts], 1),
            jnp.concatenate([ppos, prompt_len[:, None] + jnp.arange(k, dtype=jnp.int32)], 1),
@@ -402,7 +402,7 @@ def _init(tparams, dparams, prompt, valid, forced, rng, knobs, *, tcfg, dcfg,
                                                                                 jnp.int32),
       rounds=zeros, forwards=zeros, step=jnp.zeros((), jnp.int32),
       target_forwards=jnp.zeros((), jnp.int32), drafter_forwards=jnp.zeros((), jnp.int32),
-      rng=rng, knobs=knobs)
+      rng=rng, traced=traced)
   return _round(state, mode, drafts, conf, logits, tcache, dcache, jnp.full((b,), p, jnp.int32),
                 tcfg=tcfg, opts=opts, ran_target=ran_target, ran_drafter=ran_drafter,
                 first=True)
@@ -483,9 +483,9 @@ def _plain_ar(tparams, tokens, valid, rng, *, tcfg: ModelConfig, opts: AdaptiveO
   """(AdaptiveOutput, AdaptiveStats) of a greedy batch whose every row is tagged AR, decoded
   by AR's own loop: the same tokens, forwards (one per round) and rounds as the adaptive
   loop; the records are those the loop writes for AR rows."""
-  static, knobs = ar_lib.AROptions(gen_length=opts.gen_length,
+  static, traced = ar_lib.AROptions(gen_length=opts.gen_length,
                                    early_stop=opts.early_stop).split()
-  out = ar_lib.ARDecoder(tcfg, static).decode(tparams, tokens, valid, rng, knobs)
+  out = ar_lib.ARDecoder(tcfg, static).decode(tparams, tokens, valid, rng, traced)
   b, g = out.tokens.shape
   live = jnp.arange(g)[None, :] < out.committed[:, None]
   round_modes = jnp.where(live, AR, NO_ROUND).astype(jnp.int32)
@@ -531,9 +531,9 @@ class AdaptiveDecoder(protocol.Decoder):
     spec.check_drafter(cfg, drafter_params, drafter_cfg, "adaptive")
     forced = None if tasks is None else opts.forced_modes(
         tasks, len(tasks) if isinstance(tasks, Sequence) and not isinstance(tasks, str) else -1)
-    static, knobs = opts.split()
+    static, traced = opts.split()
     plain = static.temperature == 0.0 and forced is not None and bool(np.all(forced == AR))
-    return protocol.Plan(cls(cfg, static, drafter_cfg, plain), knobs, drafter_params, forced)
+    return protocol.Plan(cls(cfg, static, drafter_cfg, plain), traced, drafter_params, forced)
 
   def check(self, tokens, valid) -> None:
     dcfg = self.drafter_cfg

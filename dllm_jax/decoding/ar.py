@@ -46,7 +46,7 @@ Array = jnp.ndarray
 
 @dataclasses.dataclass(frozen=True)
 class AROptions:
-  """Decoding options; `split()` gives the static part (a jit argument) and the traced knobs.
+  """Decoding options; `split()` gives the static part (a jit argument) and the traced traced.
 
   Attributes:
     gen_length: G, the most tokens generated per row.
@@ -88,7 +88,7 @@ class ARState:
   committed: Array
   done: Array
   rng: Array
-  knobs: dict
+  traced: dict
   finite: Array
 
 
@@ -98,7 +98,7 @@ def _next_token_view(cfg: ModelConfig) -> ModelConfig:
   return cfg.replace(shift_logits=False) if cfg.shift_logits else cfg
 
 
-def _choose(cfg: ModelConfig, opts: AROptions, knobs: dict, logits: Array, rng: Array, step,
+def _choose(cfg: ModelConfig, opts: AROptions, traced: dict, logits: Array, rng: Array, step,
             row_step: Array) -> Array:
   """[B, V] logits -> [B] tokens, with a per-row key for loop `step` (one `rng`) or for the
   row's response slot `row_step` [B] (per-row keys `rng` [B]). Greedy `opts` (static
@@ -107,10 +107,10 @@ def _choose(cfg: ModelConfig, opts: AROptions, knobs: dict, logits: Array, rng: 
   if sampling.is_row_keys(rng):
     keys = sampling.row_step_keys(rng, row_step)
   else:
-    keys = sampling.row_keys(rng, step, logits.shape[0], knobs.get("row_offset", 0))
+    keys = sampling.row_keys(rng, step, logits.shape[0], traced.get("row_offset", 0))
   return jax.vmap(lambda lg, k: sampling.sample(
-      lg, k, temperature=base.knob(opts, knobs, "temperature"), top_k=knobs["top_k"],
-      top_p=knobs["top_p"]))(
+      lg, k, temperature=base.traced_option(opts, traced, "temperature"), top_k=traced["top_k"],
+      top_p=traced["top_p"]))(
           logits, keys)
 
 
@@ -122,12 +122,12 @@ def _is_stop(cfg: ModelConfig, tokens: Array) -> Array:
 
 
 def prefill(params, cfg: ModelConfig, opts: AROptions, tokens, valid, rng,
-            knobs: dict | None = None) -> ARState:
+            traced: dict | None = None) -> ARState:
   """Runs the prompt through the model (filling the cache) and samples the first token.
 
-  `knobs` are the traced options (default: `opts.split()[1]`); `rng` is one key or [B] keys
+  `traced` are the traced options (default: `opts.split()[1]`); `rng` is one key or [B] keys
   (one per row, see the module docstring)."""
-  knobs = opts.split()[1] if knobs is None else knobs
+  traced = opts.split()[1] if traced is None else traced
   b, p = tokens.shape
   g = opts.gen_length
   positions = masks.left_pad_positions(valid)
@@ -135,12 +135,12 @@ def prefill(params, cfg: ModelConfig, opts: AROptions, tokens, valid, rng,
   logits, cache = Transformer(_next_token_view(cfg)).apply(
       {"params": params}, tokens, block_ids=masks.causal_ids(positions), positions=positions,
       valid=valid, cache=cache, write_len=p)
-  first = _choose(cfg, opts, knobs, logits[:, -1], rng, 0, jnp.zeros((b,), jnp.int32))
+  first = _choose(cfg, opts, traced, logits[:, -1], rng, 0, jnp.zeros((b,), jnp.int32))
   response = jnp.full((b, g), base.output_pad_id(cfg), jnp.int32).at[:, 0].set(first)
   return ARState(response=response, cache=cache, last=first, next_pos=positions[:, -1] + 1,
                  step=jnp.ones((), jnp.int32), nfe=jnp.ones((), jnp.int32),
                  committed=jnp.ones((b,), jnp.int32), done=_is_stop(cfg, first) | (g == 1),
-                 rng=rng, knobs=knobs, finite=sampling.all_finite(logits[:, -1]))
+                 rng=rng, traced=traced, finite=sampling.all_finite(logits[:, -1]))
 
 
 def step(params, cfg: ModelConfig, opts: AROptions, state: ARState) -> ARState:
@@ -150,7 +150,7 @@ def step(params, cfg: ModelConfig, opts: AROptions, state: ARState) -> ARState:
   logits, cache = Transformer(_next_token_view(cfg)).apply(
       {"params": params}, state.last[:, None], block_ids=masks.causal_ids(pos), positions=pos,
       cache=state.cache, write_len=1)
-  token = _choose(cfg, opts, state.knobs, logits[:, 0], state.rng, state.step,
+  token = _choose(cfg, opts, state.traced, logits[:, 0], state.rng, state.step,
                   state.committed)
   token = jnp.where(state.done, base.output_pad_id(cfg), token)
   b = token.shape[0]

@@ -295,23 +295,23 @@ ZERO_IS_STATIC = ("temperature", "alg_temp")
 
 
 def split_options(opts, canonical: dict, dtypes: dict):
-  """(static options, knobs): the options with every traced field set to its `canonical`
+  """(static options, traced): the options with every traced field set to its `canonical`
   value (so all sweeps share one hash: one compile) and a dict of [] arrays holding the real
-  values, which the decoder reads inside the loop (through `knob`). A field in
+  values, which the decoder reads inside the loop (through `traced_option`). A field in
   ZERO_IS_STATIC keeps 0.0 when it is zero and becomes 1.0 otherwise."""
-  knobs = {k: np.asarray(getattr(opts, k), dtypes.get(k, np.float32)) for k in canonical}
+  traced = {k: np.asarray(getattr(opts, k), dtypes.get(k, np.float32)) for k in canonical}
   static = {k: (0.0 if getattr(opts, k) == 0 else 1.0) if k in ZERO_IS_STATIC else v
             for k, v in canonical.items()}
-  return dataclasses.replace(opts, **static), knobs
+  return dataclasses.replace(opts, **static), traced
 
 
-def knob(static, knobs: dict, name: str):
+def traced_option(static, traced: dict, name: str):
   """The value a decoder reads for the traced option `name`: a Python 0.0 where the static
   part says a ZERO_IS_STATIC option is zero (the deterministic rule, traced without
-  sampling), else the knob."""
+  sampling), else the traced value."""
   if name in ZERO_IS_STATIC and getattr(static, name) == 0.0:
     return 0.0
-  return knobs[name]
+  return traced[name]
 
 
 def make_options(cls, options: dict):

@@ -39,7 +39,7 @@ to the cache: no later forward reads them. A row stops as soon as its
 first stop token has only decided tokens before it (its output can no longer change);
 per-row forward counts are `D2FState.forwards`.
 
-Settings split into a static `D2FSpec` (shapes, rules: a jit static argument) and traced
+Settings split into a static `D2FOptions` (shapes, rules: a jit static argument) and traced
 `Thresholds` (tau_add, tau_act, tau_conf, temperature): sweeping them never recompiles.
 A row whose window logits (its valid slots) are ever non-finite is flagged
 (`DecodeOutput.finite`).
@@ -57,7 +57,7 @@ into a running batch this way; every other field is per row).
 
 API: `d2f_generate`, `block_diffusion_generate` (the one-block, count-rule special case,
 with an `unmasking` schedule: even, cosine or entropy_bound); for step-level control
-`make_spec`, `init_state`, `step`, `output`; `D2FDecoder` / `BlockDiffusionDecoder`, the
+`d2f_options`, `init_state`, `step`, `output`; `D2FDecoder` / `BlockDiffusionDecoder`, the
 `protocol.Decoder`s every driver (generate, stream, shard_map, serving) runs.
 """
 
@@ -76,7 +76,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from dllm_jax.decoding import base, llada, protocol, sampling, unmasking as unmasking_lib
 from dllm_jax.decoding import d2f_state as ds
-from dllm_jax.decoding.d2f_state import D2FSpec, D2FState
+from dllm_jax.decoding.d2f_state import D2FOptions, D2FState
 from dllm_jax.models import kv_cache as kvc
 from dllm_jax.models import masks
 from dllm_jax.models import transformer as model_lib
@@ -88,7 +88,7 @@ from dllm_jax.parallel import sharding
 Array = jnp.ndarray
 
 
-def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
+def d2f_options(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
               block_length: int | None = None, max_active_blocks: int | None = None,
               tau_add: float = 0.1, tau_act: float = 0.95, tau_conf: float = 0.9,
               rule: str = "threshold", steps_per_block: int | None = None,
@@ -99,19 +99,19 @@ def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
               batch_invariant: bool = False):
   """Checks the decode settings (ValueError naming the fix).
 
-  Returns (D2FSpec, the static part: a jit argument; Thresholds, the traced part).
+  Returns (D2FOptions, the static part: a jit argument; Thresholds, the traced part).
   """
   if block_size is not None:
     raise ValueError(f"block_size={block_size!r}: the option is called block_length (the "
                      "same name in every decoding method); pass block_length instead.")
   if not isinstance(gen_length, (int, np.integer)) or gen_length <= 0:
     raise ValueError(f"gen_length must be a positive int, got {gen_length!r}.")
-  block_size = base.resolve_block_length(block_length, gen_length)
-  if gen_length % block_size:
+  block = base.resolve_block_length(block_length, gen_length)
+  if gen_length % block:
     raise ValueError(f"gen_length ({gen_length}) must be a positive multiple of block_length "
-                     f"({block_size}); round it up to "
-                     f"{max(1, math.ceil(gen_length / block_size)) * block_size}.")
-  n = gen_length // block_size
+                     f"({block}); round it up to "
+                     f"{max(1, math.ceil(gen_length / block)) * block}.")
+  n = gen_length // block
   active = n if max_active_blocks is None else max_active_blocks
   if not isinstance(active, (int, np.integer)) or not 1 <= active <= n:
     raise ValueError(f"max_active_blocks={max_active_blocks!r} must be an int in [1, {n}] "
@@ -130,18 +130,18 @@ def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
     raise ValueError(f"unmasking={unmasking!r} sets the count rule's schedule (block "
                      f"diffusion); the {rule!r} rule commits by threshold. Leave it 'even'.")
   if rule == "count" and unmasking == "entropy_bound":
-    if steps_per_block not in (None, block_size):
+    if steps_per_block not in (None, block):
       raise ValueError(
           f"steps_per_block={steps_per_block}: unmasking='entropy_bound' chooses how many "
           f"tokens each step commits, so the steps per block are dynamic (at most "
-          f"block_length={block_size}); leave steps_per_block unset.")
-    steps_per_block = block_size  # the bound: every step commits at least one token
+          f"block_length={block}); leave steps_per_block unset.")
+    steps_per_block = block  # the bound: every step commits at least one token
   if rule == "count":
-    steps_per_block = block_size if steps_per_block is None else steps_per_block
+    steps_per_block = block if steps_per_block is None else steps_per_block
     if not isinstance(steps_per_block, (int, np.integer)) or not \
-        1 <= steps_per_block <= block_size:
+        1 <= steps_per_block <= block:
       raise ValueError(f"steps_per_block={steps_per_block} must lie in [1, block_length="
-                       f"{block_size}]: each step commits at least one token.")
+                       f"{block}]: each step commits at least one token.")
   base.check_number("temperature", temperature, low=0.0)
   if remasking not in llada.REMASKING:  # LLaDA's / Dream's names are accepted too
     raise ValueError(f"Unknown remasking {remasking!r}; use one of {tuple(llada.REMASKING)}.")
@@ -152,20 +152,20 @@ def make_spec(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
   if cfg.mask_token_id is None:
     raise ValueError(f"model config {cfg.name!r} has no mask_token_id; D2F needs one.")
   pad = next((i for i in (cfg.pad_token_id, cfg.eos_token_id) if i is not None), 0)
-  spec = D2FSpec(
-      block_size=int(block_size), num_blocks=n, max_active=int(active), rule=rule,
+  opts = D2FOptions(
+      block_length=int(block), num_blocks=n, max_active=int(active), rule=rule,
       steps_per_block=int(steps_per_block) if rule == "count" else 0,
       remasking=remasking, use_cache=bool(use_cache),
       mask_id=cfg.mask_token_id, stop_ids=base.stop_ids(cfg), pad_id=pad, window=window,
       unmasking=unmasking, sampled=bool(temperature > 0),
       batch_invariant=base.check_flag("batch_invariant", batch_invariant))
-  return spec, ds.Thresholds.create(block_size, tau_add, tau_act, tau_conf, temperature,
+  return opts, ds.Thresholds.create(block, tau_add, tau_act, tau_conf, temperature,
                                     entropy_bound)
 
 
 # ----------------------------------------------------------------------------- model calls
 
-def _proposals(logits: Array, spec: D2FSpec, limits: ds.Thresholds, rng: Array,
+def _proposals(logits: Array, opts: D2FOptions, traced: ds.Thresholds, rng: Array,
                slots: Array):
   """[B, T, V] logits -> proposed tokens, their gate value, their ranking score [B, T].
 
@@ -176,28 +176,28 @@ def _proposals(logits: Array, spec: D2FSpec, limits: ds.Thresholds, rng: Array,
   `slots` [B, T] are the response slots the logits belong to. Random draws use one key per
   row and slot, so a row's samples depend neither on the batch or shard it is decoded in nor
   on the window that carried it: with one `rng` (this step's key), row r's key is
-  `sampling.row_keys` for row `limits.row_offset + r`; with per-row keys (`rng` [B], this
+  `sampling.row_keys` for row `traced.row_offset + r`; with per-row keys (`rng` [B], this
   step's key of each row, as the serving engine passes) it is `rng[b]`; the slot is then
   folded in."""
-  logits = sampling.forbid(logits, [spec.mask_id])
+  logits = sampling.forbid(logits, [opts.mask_id])
   if sampling.is_row_keys(rng):
     rows = rng                                                               # [B]
   else:
-    rows = sampling.row_keys(rng, 0, logits.shape[0], limits.row_offset)     # [B]
+    rows = sampling.row_keys(rng, 0, logits.shape[0], traced.row_offset)     # [B]
   keys = jax.vmap(lambda key, s: jax.vmap(
       lambda j: jax.random.split(jax.random.fold_in(key, j)))(s))(rows, slots)  # [B, T, 2]
-  temperature = limits.temperature if spec.sampled else 0.0  # 0.0: argmax, no draws
+  temperature = traced.temperature if opts.sampled else 0.0  # 0.0: argmax, no draws
   x0 = jax.vmap(jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k)))(
       logits, keys[..., 0])
   scaled = sampling.scale(logits, temperature)
   prob = sampling.confidence(scaled, x0, "probability")
-  gate = unmasking_lib.predictive_entropy(logits) if spec.unmasking == "entropy_bound" else prob
-  score = prob if spec.remasking == "probability" else jax.vmap(jax.vmap(
-      lambda s, x, k: sampling.confidence(s, x, spec.remasking, k)))(scaled, x0, keys[..., 1])
+  gate = unmasking_lib.predictive_entropy(logits) if opts.unmasking == "entropy_bound" else prob
+  score = prob if opts.remasking == "probability" else jax.vmap(jax.vmap(
+      lambda s, x, k: sampling.confidence(s, x, opts.remasking, k)))(scaled, x0, keys[..., 1])
   return x0, gate, score
 
 
-def _window_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, blocks: int,
+def _window_step(params, cfg: ModelConfig, opts: D2FOptions, state: D2FState, blocks: int,
                  rng: Array, with_prompt: bool = False):
   """Forwards each row's window of `blocks` blocks from its first uncached block.
 
@@ -210,13 +210,13 @@ def _window_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, block
   written, and the new `last_logits` (shifted-logits models: the raw output at the last
   written slot).
   """
-  k, g, width = spec.block_size, spec.gen_length, blocks * spec.block_size
+  k, g, width = opts.block_length, opts.gen_length, blocks * opts.block_length
   start = state.cached * k
   slot = start[:, None] + jnp.arange(width, dtype=jnp.int32)[None]          # [B, W]
   live = ~state.done
   valid = (slot < state.n_blocks[:, None] * k) & live[:, None]
   tokens = jnp.take_along_axis(state.response, jnp.minimum(slot, g - 1), axis=1)
-  tokens = jnp.where(valid, tokens, spec.mask_id)
+  tokens = jnp.where(valid, tokens, opts.mask_id)
   prompt_len = state.prompt_valid.sum(-1, dtype=jnp.int32)
   write_len = jnp.where(live, (state.ready - state.cached) * k, 0)
   ids, positions, head = 1 + slot // k, prompt_len[:, None] + slot, 0
@@ -238,7 +238,7 @@ def _window_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, block
     and [B] whether those logits (where `out_valid`) were all finite."""
     finite = sampling.all_finite(logits, out_valid)
     slots = (start + first_slot)[:, None] + jnp.arange(logits.shape[1], dtype=jnp.int32)
-    x0, prob, score = _proposals(logits, spec, state.limits, rng, slots)
+    x0, prob, score = _proposals(logits, opts, state.traced, rng, slots)
     rel = offset - first_slot[:, None]
     inside = (rel >= 0) & (rel < out_width)
     back = lambda a: jnp.take_along_axis(a, jnp.clip(rel, 0, out_width - 1), axis=1)
@@ -274,9 +274,9 @@ def _window_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, block
   return jax.lax.cond(jnp.all((lead >= 1) | ~live), skip_one_block, everything), cache, last
 
 
-def _canvas_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, rng: Array):
+def _canvas_step(params, cfg: ModelConfig, opts: D2FOptions, state: D2FState, rng: Array):
   """No cache: the full block-causal forward of prompt ++ appended blocks ([B, G] out)."""
-  k, g = spec.block_size, spec.gen_length
+  k, g = opts.block_length, opts.gen_length
   slot = jnp.arange(g, dtype=jnp.int32)
   answer_valid = (slot[None] < state.n_blocks[:, None] * k) & ~state.done[:, None]
   prompt_len = state.prompt_valid.sum(-1, dtype=jnp.int32)
@@ -288,7 +288,7 @@ def _canvas_step(params, cfg: ModelConfig, spec: D2FSpec, state: D2FState, rng: 
   logits = Transformer(cfg).apply({"params": params}, tokens, block_ids=ids,
                                   positions=positions, valid=valid)[:, state.prompt.shape[1]:]
   slots = jnp.broadcast_to(slot[None], state.response.shape)
-  return _proposals(logits, spec, state.limits, rng, slots) + (
+  return _proposals(logits, opts, state.traced, rng, slots) + (
       sampling.all_finite(logits, answer_valid),)
 
 
@@ -301,8 +301,8 @@ def _constrain(state: D2FState, mesh, rules) -> D2FState:
   batch_axes = nn.logical_to_mesh_axes(("batch",), rules)[0]
 
   def by_batch(x):
-    spec = PartitionSpec(batch_axes, *([None] * (x.ndim - 1)))
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+    rows = PartitionSpec(batch_axes, *([None] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, rows))
 
   rows = ("prompt", "prompt_valid", "response", "decided", "n_blocks", "cached", "ready",
           "block_steps", "eos_seen", "done", "forwards", "finite")
@@ -324,27 +324,27 @@ def _constrain(state: D2FState, mesh, rules) -> D2FState:
 
 # ----------------------------------------------------------------------------- the loop
 
-def _init(params, prompt, valid, rng, limits, *, cfg: ModelConfig, spec: D2FSpec, mesh=None,
+def _init(params, prompt, valid, rng, traced, *, cfg: ModelConfig, opts: D2FOptions, mesh=None,
           rules=mesh_lib.DEFAULT_RULES) -> D2FState:
   b, p = prompt.shape
-  g, n = spec.gen_length, spec.num_blocks
+  g, n = opts.gen_length, opts.num_blocks
   prompt = prompt.astype(jnp.int32)
   zeros = jnp.zeros((b,), jnp.int32)
-  cache = kvc.init_cache(cfg, b, p + g) if spec.use_cache else None
-  last = jnp.zeros((b, cfg.vocab_size), jnp.float32) if spec.use_cache and cfg.shift_logits \
+  cache = kvc.init_cache(cfg, b, p + g) if opts.use_cache else None
+  last = jnp.zeros((b, cfg.vocab_size), jnp.float32) if opts.use_cache and cfg.shift_logits \
       else None
   state = D2FState(
-      prompt=prompt, prompt_valid=valid, response=jnp.full((b, g), spec.mask_id, jnp.int32),
+      prompt=prompt, prompt_valid=valid, response=jnp.full((b, g), opts.mask_id, jnp.int32),
       decided=jnp.zeros((b, g), bool), n_blocks=zeros, cached=zeros, ready=zeros,
       block_steps=jnp.zeros((b, n), jnp.int32), eos_seen=jnp.zeros((b,), bool),
       done=jnp.zeros((b,), bool), forwards=zeros, steps=jnp.zeros((), jnp.int32),
-      forward_slots=jnp.zeros((), jnp.int32), rng=rng, limits=limits,
+      forward_slots=jnp.zeros((), jnp.int32), rng=rng, traced=traced,
       finite=jnp.ones((b,), bool), cache=cache, last_logits=last)
-  state = _constrain(ds.admit(spec, state), mesh, rules)
-  return _step(params, state, cfg=cfg, spec=spec, mesh=mesh, rules=rules, first=True)
+  state = _constrain(ds.admit(opts, state), mesh, rules)
+  return _step(params, state, cfg=cfg, opts=opts, mesh=mesh, rules=rules, first=True)
 
 
-def _step(params, state: D2FState, *, cfg: ModelConfig, spec: D2FSpec, mesh=None,
+def _step(params, state: D2FState, *, cfg: ModelConfig, opts: D2FOptions, mesh=None,
           rules=mesh_lib.DEFAULT_RULES, first: bool = False) -> D2FState:
   """One loop step: one forward, commits, cursor moves, at most one block appended per row.
 
@@ -356,17 +356,17 @@ def _step(params, state: D2FState, *, cfg: ModelConfig, spec: D2FSpec, mesh=None
   else:
     rng = jax.random.fold_in(state.rng, state.steps)
   cache, last = state.cache, state.last_logits
-  k = spec.block_size
-  if not spec.use_cache:
-    x0, prob, score, finite = _canvas_step(params, cfg, spec, state, rng)
-    width = state.prompt.shape[1] + spec.gen_length
+  k = opts.block_length
+  if not opts.use_cache:
+    x0, prob, score, finite = _canvas_step(params, cfg, opts, state, rng)
+    width = state.prompt.shape[1] + opts.gen_length
   elif first:
-    (x0, prob, score, finite), cache, last = _window_step(params, cfg, spec, state, 1, rng,
+    (x0, prob, score, finite), cache, last = _window_step(params, cfg, opts, state, 1, rng,
                                                           with_prompt=True)
     width = state.prompt.shape[1] + k
   else:
-    windows = spec.window_blocks
-    run = lambda blocks, s: _window_step(params, cfg, spec, s, blocks, rng)
+    windows = opts.window_blocks
+    run = lambda blocks, s: _window_step(params, cfg, opts, s, blocks, rng)
     if len(windows) == 1:
       (x0, prob, score, finite), cache, last = run(windows[0], state)
       width = windows[0] * k
@@ -377,26 +377,26 @@ def _step(params, state: D2FState, *, cfg: ModelConfig, spec: D2FSpec, mesh=None
       (x0, prob, score, finite), cache, last = jax.lax.switch(
           index, [functools.partial(run, w) for w in windows], state)
       width = jnp.asarray(windows, jnp.int32)[index] * k
-  commit = ds.commit_mask(spec, state, prob, score)
+  commit = ds.commit_mask(opts, state, prob, score)
   finite = state.finite & (finite | state.done)
-  state = ds.apply_commits(spec, state, commit, x0).replace(
+  state = ds.apply_commits(opts, state, commit, x0).replace(
       cache=cache, last_logits=last, finite=finite,
       forward_slots=state.forward_slots + width)
-  return _constrain(ds.admit(spec, state), mesh, rules)
+  return _constrain(ds.admit(opts, state), mesh, rules)
 
 
-def _keep_going(spec: D2FSpec, state: D2FState) -> Array:
+def _keep_going(opts: D2FOptions, state: D2FState) -> Array:
   # Every live row commits at least one token per step, so G steps always suffice.
-  return (state.steps < spec.gen_length) & ~jnp.all(state.done)
+  return (state.steps < opts.gen_length) & ~jnp.all(state.done)
 
 
-def output(spec: D2FSpec, state: D2FState) -> base.DecodeOutput:
+def output(opts: D2FOptions, state: D2FState) -> base.DecodeOutput:
   """The decode record: tokens cut at the first stop, lengths, NFE (= steps)."""
-  tokens, lengths, _ = base.finalize(state.response, state.decided, spec.stop_ids,
-                                     spec.pad_id)
+  tokens, lengths, _ = base.finalize(state.response, state.decided, opts.stop_ids,
+                                     opts.pad_id)
   return base.decode_output(tokens, lengths, state.steps, state.steps,
                             state.decided.sum(1, dtype=jnp.int32), state.done, state.finite,
-                            spec.pad_id)
+                            opts.pad_id)
 
 
 # ----------------------------------------------------------------------------- the decoder
@@ -407,9 +407,9 @@ def block_diffusion_options(cfg: ModelConfig, *, gen_length: int = base.GEN_LENG
                             use_cache: bool = True, block_size=None, unmasking: str = "even",
                             entropy_bound: float = unmasking_lib.DEFAULT_ENTROPY_BOUND,
                             batch_invariant: bool = False):
-  """`block_diffusion_generate`'s settings as (D2FSpec, Thresholds): D2F with one block in
+  """`block_diffusion_generate`'s settings as (D2FOptions, Thresholds): D2F with one block in
   flight, no threshold (tau_conf = inf) and the count rule with the `unmasking` schedule."""
-  return make_spec(
+  return d2f_options(
       cfg, gen_length=gen_length, block_length=block_length, block_size=block_size,
       max_active_blocks=1, tau_add=1.0, tau_act=1.0, tau_conf=math.inf, rule="count",
       steps_per_block=steps_per_block, temperature=temperature, remasking=remasking,
@@ -419,7 +419,7 @@ def block_diffusion_options(cfg: ModelConfig, *, gen_length: int = base.GEN_LENG
 
 @dataclasses.dataclass(frozen=True)
 class D2FDecoder(protocol.Decoder):
-  """D2F's pipelined block decoding (`opts` is the `D2FSpec`; the traced part the
+  """D2F's pipelined block decoding (`opts` is the `D2FOptions`; the traced part the
   `Thresholds`). On a mesh (`on_mesh`) it pins its state's rows to the batch sharding."""
   mesh: object = None
   rules: object = None
@@ -433,8 +433,8 @@ class D2FDecoder(protocol.Decoder):
 
   @classmethod
   def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:
-    spec, limits = make_spec(cfg, **options)
-    return protocol.Plan(cls(cfg, spec), limits)
+    opts, traced = d2f_options(cfg, **options)
+    return protocol.Plan(cls(cfg, opts), traced)
 
   @classmethod
   def run_defaults(cls, block: int) -> dict:
@@ -442,12 +442,12 @@ class D2FDecoder(protocol.Decoder):
 
   @property
   def _kw(self) -> dict:
-    kw = dict(cfg=self.cfg, spec=self.opts)
+    kw = dict(cfg=self.cfg, opts=self.opts)
     return kw if self.mesh is None else dict(kw, mesh=self.mesh, rules=self.rules)
 
   def check(self, tokens, valid) -> None:
     base.check_prompts(self.cfg, tokens, valid, self.opts.gen_length,
-                       block_length=self.opts.block_size)
+                       block_length=self.opts.block_length)
 
   def init(self, params, tokens, valid, rng, traced, row_inputs=None):
     return _init(params, tokens, valid, rng, traced, **self._kw)
@@ -484,8 +484,8 @@ class BlockDiffusionDecoder(D2FDecoder):
 
   @classmethod
   def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:
-    spec, limits = block_diffusion_options(cfg, **options)
-    return protocol.Plan(cls(cfg, spec), limits)
+    opts, traced = block_diffusion_options(cfg, **options)
+    return protocol.Plan(cls(cfg, opts), traced)
 
   @classmethod
   def run_defaults(cls, block: int) -> dict:

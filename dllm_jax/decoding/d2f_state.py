@@ -17,7 +17,7 @@ state the D2F block life cycle needs (SJTU-DENG-Lab/Discrete-Diffusion-Forcing, 
   * Blocks `[ready, n_blocks)` are active: they still decode (a finished block waits here
     until every earlier block is final, so the cache stays a contiguous prefix).
   * Activation is derived, not stored: a block is *fully activated* once its predecessor
-    (the prompt for block 0) has at least `limits.act_count` decided tokens; decided
+    (the prompt for block 0) has at least `traced.act_count` decided tokens; decided
     tokens are never undone, so this equals the reference's sticky flag.
 
 Thresholds on the decoded fraction (`tau_add`, `tau_act`) are turned into integer token
@@ -51,17 +51,18 @@ def bucket_sizes(cap: int) -> tuple[int, ...]:
   return tuple(sizes) + (cap,)
 
 
-def fraction_to_count(tau: float, block_size: int) -> int:
-  """Smallest decoded-token count c with c / block_size >= tau (float64, like the reference)."""
-  return next(c for c in range(block_size + 1) if c / block_size >= tau)
+def fraction_to_count(tau: float, block_length: int) -> int:
+  """Smallest decoded-token count c with c / block_length >= tau (float64, like the
+  reference)."""
+  return next(c for c in range(block_length + 1) if c / block_length >= tau)
 
 
 @dataclasses.dataclass(frozen=True)
-class D2FSpec:
+class D2FOptions:
   """The static (hashable) part of a decode: everything that shapes the compiled loop.
 
   Attributes:
-    block_size: k, slots per block.
+    block_length: k, slots per block.
     num_blocks: N = G // k.
     max_active: most blocks in flight (active) at once; N means no bound (the reference).
     rule: "threshold" (D2F: probability above tau_conf, plus the top-1 of a fully activated
@@ -84,7 +85,7 @@ class D2FSpec:
       batch and on a mesh); False ranks the exact scores, ties to the lowest slot, as the
       D2F reference's argmax does (`sampling` module doc).
   """
-  block_size: int
+  block_length: int
   num_blocks: int
   max_active: int
   rule: str
@@ -101,7 +102,7 @@ class D2FSpec:
 
   @property
   def gen_length(self) -> int:
-    return self.block_size * self.num_blocks
+    return self.block_length * self.num_blocks
 
   @property
   def window_blocks(self) -> tuple[int, ...]:
@@ -143,12 +144,12 @@ class Thresholds:
   entropy_bound: Array = unmasking.DEFAULT_ENTROPY_BOUND
 
   @classmethod
-  def create(cls, block_size: int, tau_add: float, tau_act: float, tau_conf: float,
+  def create(cls, block_length: int, tau_add: float, tau_act: float, tau_conf: float,
              temperature: float = 0.0,
              entropy_bound: float = unmasking.DEFAULT_ENTROPY_BOUND):
     # NumPy scalars: the jitted decoder transfers them with its other arguments.
-    return cls(add_count=np.asarray(fraction_to_count(tau_add, block_size), np.int32),
-               act_count=np.asarray(fraction_to_count(tau_act, block_size), np.int32),
+    return cls(add_count=np.asarray(fraction_to_count(tau_add, block_length), np.int32),
+               act_count=np.asarray(fraction_to_count(tau_act, block_length), np.int32),
                tau_conf=np.asarray(tau_conf, np.float32),
                temperature=np.asarray(temperature, np.float32),
                row_offset=np.asarray(0, np.int32),
@@ -172,7 +173,7 @@ class D2FState:
     forward_slots: [] int32 slots the forwards carried, summed over steps (per row of the
       batch; the first forward's prompt included): the window policy's cost measure.
     rng: PRNG key.
-    limits: the decode's Thresholds.
+    traced: the decode's Thresholds.
     finite: [B] bool every forward gave the row finite logits (over its valid slots).
     cache: KVCache of P + G slots, or None without a cache.
     last_logits: [B, V] float32 model output at the last cached slot, which predicts the
@@ -192,96 +193,96 @@ class D2FState:
   steps: Array
   forward_slots: Array
   rng: Array
-  limits: Thresholds
+  traced: Thresholds
   finite: Array
   cache: kvc.KVCache | None
   last_logits: Array | None
 
 
-def block_counts(spec: D2FSpec, decided: Array) -> Array:
+def block_counts(opts: D2FOptions, decided: Array) -> Array:
   """[B, G] bool -> [B, N] int32 decided tokens per block."""
   b = decided.shape[0]
-  return decided.reshape(b, spec.num_blocks, spec.block_size).sum(-1, dtype=jnp.int32)
+  return decided.reshape(b, opts.num_blocks, opts.block_length).sum(-1, dtype=jnp.int32)
 
 
-def admit(spec: D2FSpec, state: D2FState) -> D2FState:
+def admit(opts: D2FOptions, state: D2FState) -> D2FState:
   """Appends at most one block per row, then marks rows with nothing left to decode done.
 
   A block is appended while fewer than N exist, no stop token was committed, fewer than
   `max_active` blocks are in flight and the last block (the prompt when there is none) has
-  `limits.add_count` decided tokens. A row is done when no block is active (nothing can be
+  `traced.add_count` decided tokens. A row is done when no block is active (nothing can be
   appended any more: the last block is final, so only N or a stop token prevents it), or
   as soon as its first decided stop token has only decided tokens before it: the response
   up to that stop can no longer change, so its remaining forwards would be wasted.
   """
-  counts = block_counts(spec, state.decided)
-  last = jnp.clip(state.n_blocks - 1, 0, spec.num_blocks - 1)
+  counts = block_counts(opts, state.decided)
+  last = jnp.clip(state.n_blocks - 1, 0, opts.num_blocks - 1)
   last_count = jnp.take_along_axis(counts, last[:, None], axis=1)[:, 0]
-  last_count = jnp.where(state.n_blocks == 0, spec.block_size, last_count)
-  grow = (~state.done & (state.n_blocks < spec.num_blocks) & ~state.eos_seen
-          & (state.n_blocks - state.ready < spec.max_active)
-          & (last_count >= state.limits.add_count))
+  last_count = jnp.where(state.n_blocks == 0, opts.block_length, last_count)
+  grow = (~state.done & (state.n_blocks < opts.num_blocks) & ~state.eos_seen
+          & (state.n_blocks - state.ready < opts.max_active)
+          & (last_count >= state.traced.add_count))
   n_blocks = state.n_blocks + grow.astype(jnp.int32)
-  settled = base.first_stop_decided(state.response, state.decided, spec.stop_ids)
+  settled = base.first_stop_decided(state.response, state.decided, opts.stop_ids)
   done = state.done | (state.ready >= n_blocks) | settled
   return state.replace(n_blocks=n_blocks, done=done)
 
 
-def commit_mask(spec: D2FSpec, state: D2FState, prob: Array, score: Array) -> Array:
+def commit_mask(opts: D2FOptions, state: D2FState, prob: Array, score: Array) -> Array:
   """[B, G] bool: the slots this step decides, given per-slot proposals' gate value and
   ranking score ([B, G] float32; slots outside the forward window may hold anything). The
   gate is the proposal's probability (threshold rule) or its predictive entropy (count rule
   with unmasking="entropy_bound"; unused by the other count schedules)."""
-  b, k, n = state.decided.shape[0], spec.block_size, spec.num_blocks
-  block = jnp.arange(spec.gen_length, dtype=jnp.int32) // k
+  b, k, n = state.decided.shape[0], opts.block_length, opts.num_blocks
+  block = jnp.arange(opts.gen_length, dtype=jnp.int32) // k
   active = ((block[None] >= state.ready[:, None]) & (block[None] < state.n_blocks[:, None])
             & ~state.done[:, None])
   cand = (active & ~state.decided).reshape(b, n, k)
   score = jnp.where(cand, score.reshape(b, n, k), sampling.NEG_INF)
-  if spec.rule == "threshold":
-    counts = block_counts(spec, state.decided)
+  if opts.rule == "threshold":
+    counts = block_counts(opts, state.decided)
     before = jnp.concatenate([jnp.full((b, 1), k, jnp.int32), counts[:, :-1]], axis=1)
-    full = before >= state.limits.act_count  # [B, N]
-    above = cand & (prob.reshape(b, n, k) > state.limits.tau_conf)
-    best = sampling.best_mask(score, cand, invariant=spec.batch_invariant)
+    full = before >= state.traced.act_count  # [B, N]
+    above = cand & (prob.reshape(b, n, k) > state.traced.tau_conf)
+    best = sampling.best_mask(score, cand, invariant=opts.batch_invariant)
     fallback = full & ~jnp.any(above, -1)
     commit = above | (best & fallback[..., None])
-  elif spec.rule == "count" and spec.unmasking == "entropy_bound":
+  elif opts.rule == "count" and opts.unmasking == "entropy_bound":
     commit = unmasking.entropy_bound_mask(
         score.reshape(b * n, k), prob.reshape(b * n, k), cand.reshape(b * n, k),
-        state.limits.entropy_bound, invariant=spec.batch_invariant).reshape(b, n, k)
-  elif spec.rule == "count":
-    s = spec.steps_per_block
-    per_step = jnp.asarray(unmasking.counts(spec.unmasking, k, s))         # [s]
+        state.traced.entropy_bound, invariant=opts.batch_invariant).reshape(b, n, k)
+  elif opts.rule == "count":
+    s = opts.steps_per_block
+    per_step = jnp.asarray(unmasking.counts(opts.unmasking, k, s))         # [s]
     quota = per_step[jnp.minimum(state.block_steps, s - 1)]                # [B, N]
     commit = sampling.top_k_mask(score.reshape(b * n, k), quota.reshape(b * n),
-                                 invariant=spec.batch_invariant)
+                                 invariant=opts.batch_invariant)
     commit = commit.reshape(b, n, k) & cand
   else:
-    raise ValueError(f"Unknown commit rule {spec.rule!r}; use one of {COMMIT_RULES}.")
-  return commit.reshape(b, spec.gen_length)
+    raise ValueError(f"Unknown commit rule {opts.rule!r}; use one of {COMMIT_RULES}.")
+  return commit.reshape(b, opts.gen_length)
 
 
-def apply_commits(spec: D2FSpec, state: D2FState, commit: Array, x0: Array) -> D2FState:
+def apply_commits(opts: D2FOptions, state: D2FState, commit: Array, x0: Array) -> D2FState:
   """Writes committed tokens and moves the block cursors after one forward.
 
   The forward wrote blocks [cached, ready) into the cache, so `cached` becomes `ready`;
   `ready` then advances over every block that is now fully decided (a chain of them may
   become final at once, as in the reference's front-to-back scan).
   """
-  b, k, n = state.decided.shape[0], spec.block_size, spec.num_blocks
+  b, k, n = state.decided.shape[0], opts.block_length, opts.num_blocks
   live = ~state.done
   response = jnp.where(commit, x0, state.response)
   decided = state.decided | commit
   is_stop = jnp.zeros_like(commit)
-  for s in spec.stop_ids:
+  for s in opts.stop_ids:
     is_stop = is_stop | (x0 == s)
   eos_seen = state.eos_seen | jnp.any(commit & is_stop, axis=1)
 
   block = jnp.arange(n, dtype=jnp.int32)[None]
   had_work = jnp.any((~state.decided).reshape(b, n, k), -1) & (
       block >= state.ready[:, None]) & (block < state.n_blocks[:, None]) & live[:, None]
-  finished = block_counts(spec, decided) == k
+  finished = block_counts(opts, decided) == k
   first_open = jnp.min(jnp.where((block >= state.ready[:, None]) & ~finished, block, n), 1)
   ready = jnp.where(live, jnp.minimum(first_open, state.n_blocks), state.ready)
   return state.replace(

@@ -80,7 +80,7 @@ def ar_draft(dparams, cfg: ModelConfig, opts, forbid, first_chunk, cache, next_p
 
   first_chunk: (tokens [B, T], positions [B, T], valid [B, T], write_len [B], out_slot [B]):
   out_slot is the slot whose logits predict draft 1. next_pos [B]: position of draft 1.
-  opts: anything with draft_length, temperature, top_k, top_p (`speculative.SpecOptions`).
+  opts: anything with draft_length, temperature, top_k, top_p (`speculative.SpeculativeOptions`).
   Returns ([B, k] drafts, [B, k, V] q or None, cache, [B] bool: every logit the drafts were
   chosen from was finite).
   """

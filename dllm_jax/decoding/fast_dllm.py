@@ -71,7 +71,7 @@ CACHE_MODES = ("none", "prefix", "dual")
 
 @dataclasses.dataclass(frozen=True)
 class FastDLLMOptions:
-  """Decoding options; `split()` gives the static part (a jit argument) and the traced knobs.
+  """Decoding options; `split()` gives the static part (a jit argument) and the traced traced.
 
   Attributes:
     gen_length: G response slots.
@@ -144,7 +144,7 @@ class FastState:
       batch, whose block advances when every row filled it, would run sum_n max_b of them).
     forward_slots: [] int32 slots the batched forwards carried per row, summed over steps.
     committed: [B] int32 tokens committed; done: [B] bool answer final (row_done).
-    rng: PRNG key, or [B] keys (one per row); knobs: the traced options; finite: [B] bool
+    rng: PRNG key, or [B] keys (one per row); traced: the traced options; finite: [B] bool
       logits always finite.
   """
   canvas: Array
@@ -161,17 +161,17 @@ class FastState:
   committed: Array
   done: Array
   rng: Array
-  knobs: dict
+  traced: dict
   finite: Array
 
 
 def init_state(params, cfg: ModelConfig, opts: FastDLLMOptions, tokens, valid,
-               rng, knobs: dict | None = None) -> FastState:
+               rng, traced: dict | None = None) -> FastState:
   """The all-masked canvas and an empty T-slot cache (no forward yet).
 
-  `knobs` are the traced options (default: `opts.split()[1]`)."""
+  `traced` are the traced options (default: `opts.split()[1]`)."""
   del params
-  knobs = opts.split()[1] if knobs is None else knobs
+  traced = opts.split()[1] if traced is None else traced
   canvas, cvalid, positions = base.init_canvas(tokens, valid, opts.gen_length, cfg.mask_token_id)
   b, t = canvas.shape
   cache = None if opts.cache == "none" else kv_cache.init_cache(cfg, b, t)
@@ -181,7 +181,7 @@ def init_state(params, cfg: ModelConfig, opts: FastDLLMOptions, tokens, valid,
                    block=zeros(b), fresh=jnp.ones((b,), bool), step=zeros(), nfe=zeros(),
                    forwards=zeros(b), block_forwards=zeros(b, opts.num_blocks),
                    forward_slots=zeros(), committed=zeros(b),
-                   done=jnp.zeros((b,), bool), rng=rng, knobs=knobs,
+                   done=jnp.zeros((b,), bool), rng=rng, traced=traced,
                    finite=jnp.ones((b,), bool))
 
 
@@ -311,11 +311,11 @@ def step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> F
   else:
     # fold_in(fold_in(rng, own forwards), global row): a row's draws follow its own clock,
     # and a data-parallel shard's rows keep their whole-batch index (row_offset).
-    rows = jnp.arange(b, dtype=jnp.int32) + jnp.asarray(state.knobs.get("row_offset", 0),
+    rows = jnp.arange(b, dtype=jnp.int32) + jnp.asarray(state.traced.get("row_offset", 0),
                                                         jnp.int32)
     keys = jax.vmap(lambda n, r: jax.random.fold_in(jax.random.fold_in(state.rng, n), r))(
         state.forwards, rows)
-  temperature = base.knob(opts, state.knobs, "temperature")
+  temperature = base.traced_option(opts, state.traced, "temperature")
   x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys)
   conf = sampling.confidence(logits, x0, "probability")
 
@@ -323,10 +323,10 @@ def step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> F
   block = _gather(state.canvas, slot)
   candidates = (block == cfg.mask_token_id) & live[:, None]
   if opts.rule == "threshold":
-    commit = sampling.threshold_mask(conf, candidates, state.knobs["threshold"],
+    commit = sampling.threshold_mask(conf, candidates, state.traced["threshold"],
                                      invariant=opts.batch_invariant)
   else:
-    commit = sampling.factor_mask(conf, candidates, state.knobs["factor"],
+    commit = sampling.factor_mask(conf, candidates, state.traced["factor"],
                                   invariant=opts.batch_invariant)
   block = jnp.where(commit, x0, block)
   rows = jnp.arange(b)[:, None]

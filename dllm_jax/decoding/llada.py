@@ -75,7 +75,7 @@ REMASKING = {
 
 @dataclasses.dataclass(frozen=True)
 class LLaDAOptions:
-  """Decoding options; `split()` gives the static part (a jit argument) and the traced knobs.
+  """Decoding options; `split()` gives the static part (a jit argument) and the traced traced.
 
   Attributes:
     gen_length: G response slots.
@@ -140,15 +140,15 @@ class LLaDAOptions:
                        base.check_flag("batch_invariant", self.batch_invariant))
 
   def split(self):
-    """(static options, traced knobs). The static part keeps only whether CFG is on; the
-    knobs hold temperature, alg_temp, entropy_bound and the CFG weight `cfg_scale + 1`
+    """(static options, traced traced). The static part keeps only whether CFG is on; the
+    traced hold temperature, alg_temp, entropy_bound and the CFG weight `cfg_scale + 1`
     (computed here in float64, as the untraced formula did)."""
-    static, knobs = base.split_options(
+    static, traced = base.split_options(
         self, {"temperature": 0.0, "alg_temp": 0.0,
                "cfg_scale": 0.0 if self.cfg_scale == 0 else 1.0,
                "entropy_bound": unmasking_lib.DEFAULT_ENTROPY_BOUND}, {})
-    knobs["cfg_scale"] = np.asarray(self.cfg_scale + 1.0, np.float32)
-    return static, knobs
+    traced["cfg_scale"] = np.asarray(self.cfg_scale + 1.0, np.float32)
+    return static, traced
 
   @property
   def num_blocks(self) -> int:
@@ -181,7 +181,7 @@ def transfer_schedule(block_length: int, steps_per_block: int, num_blocks: int) 
 class LLaDAState:
   """Loop carry. canvas/valid/positions [B, T]; row_step (steps the row was live in: its
   schedule position and forwards), committed, done, finite [B]; step/nfe [] loop steps and
-  batched forwards; rng one key or [B] keys (one per row); knobs the traced options."""
+  batched forwards; rng one key or [B] keys (one per row); traced the traced options."""
   canvas: Array
   valid: Array
   positions: Array
@@ -191,7 +191,7 @@ class LLaDAState:
   committed: Array
   done: Array
   rng: Array
-  knobs: dict
+  traced: dict
   finite: Array
 
 
@@ -214,18 +214,18 @@ def check(cfg: ModelConfig, tokens, valid, opts: LLaDAOptions) -> None:
 
 
 def init_state(params, cfg: ModelConfig, opts: LLaDAOptions, tokens, valid,
-               rng, knobs: dict | None = None) -> LLaDAState:
+               rng, traced: dict | None = None) -> LLaDAState:
   """The all-masked canvas (no forward yet; `params` is unused, kept for a uniform API).
 
-  `knobs` are the traced options (default: `opts.split()[1]`)."""
+  `traced` are the traced options (default: `opts.split()[1]`)."""
   del params
-  knobs = opts.split()[1] if knobs is None else knobs
+  traced = opts.split()[1] if traced is None else traced
   canvas, cvalid, positions = base.init_canvas(tokens, valid, opts.gen_length, cfg.mask_token_id)
   b = tokens.shape[0]
   zero = lambda: jnp.zeros((), jnp.int32)  # distinct buffers: the state may be donated
   return LLaDAState(canvas=canvas, valid=cvalid, positions=positions, step=zero(), nfe=zero(),
                     row_step=jnp.zeros((b,), jnp.int32), committed=jnp.zeros((b,), jnp.int32),
-                    done=jnp.zeros((b,), bool), rng=rng, knobs=knobs, finite=jnp.ones((b,), bool))
+                    done=jnp.zeros((b,), bool), rng=rng, traced=traced, finite=jnp.ones((b,), bool))
 
 
 def _guided_logits(params, cfg, opts, state: LLaDAState) -> Array:
@@ -240,7 +240,7 @@ def _guided_logits(params, cfg, opts, state: LLaDAState) -> Array:
       jnp.concatenate([state.valid, state.valid]),
       jnp.concatenate([state.positions, state.positions]))
   cond, un = jnp.split(both, 2)
-  return un + state.knobs["cfg_scale"] * (cond - un)  # the weight cfg_scale + 1 (split())
+  return un + state.traced["cfg_scale"] * (cond - un)  # the weight cfg_scale + 1 (split())
 
 
 def select_ranked(scores: Array, candidates: Array, k: Array, order_temp, keys: Array,
@@ -323,10 +323,10 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
   if sampling.is_row_keys(state.rng):  # one key per row: fold_in(rng[b], row_step[b])
     row_keys = sampling.row_step_keys(state.rng, state.row_step)
   else:
-    row_keys = sampling.row_keys(state.rng, state.step, b, state.knobs.get("row_offset", 0))
+    row_keys = sampling.row_keys(state.rng, state.step, b, state.traced.get("row_offset", 0))
   keys = jax.vmap(lambda k: jax.random.split(k, 3))(row_keys)          # [B, 3]
-  temperature = base.knob(opts, state.knobs, "temperature")
-  alg_temp = base.knob(opts, state.knobs, "alg_temp")
+  temperature = base.traced_option(opts, state.traced, "temperature")
+  alg_temp = base.traced_option(opts, state.traced, "alg_temp")
   x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys[:, 0])
   kind = REMASKING[opts.remasking]
   conf = jax.vmap(lambda lg, x, k: sampling.confidence(lg, x, kind, k))(logits, x0, keys[:, 1])
@@ -343,7 +343,7 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
         s, c, alg_temp, k))(conf, candidates, keys[:, 2])
     commit = unmasking_lib.entropy_bound_mask(
         order, unmasking_lib.predictive_entropy(logits), candidates,
-        state.knobs["entropy_bound"], demoted, invariant=opts.batch_invariant)
+        state.traced["entropy_bound"], demoted, invariant=opts.batch_invariant)
   else:
     k = jnp.asarray(schedule(opts))[_schedule_step(opts, state)]          # [B]
     commit = select_ranked(conf, candidates, k, alg_temp, keys[:, 2], demoted,

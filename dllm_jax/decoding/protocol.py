@@ -105,7 +105,7 @@ class Decoder:
 
   @classmethod
   def plan(cls, cfg: ModelConfig, **options) -> Plan:
-    """Checks `options` and splits them into the static decoder and the traced knobs."""
+    """Checks `options` and splits them into the static decoder and the traced traced."""
     static, traced = base.make_options(cls.options, {**cls.defaults, **options}).split()
     return Plan(cls(cfg, static), traced)
 
@@ -175,14 +175,14 @@ class Decoder:
 
 class LoopDecoder(Decoder):
   """A decoder whose module holds the loop functions in the shared shape
-  (`init_state(params, cfg, opts, tokens, valid, rng, knobs)`, `step(params, cfg, opts,
+  (`init_state(params, cfg, opts, tokens, valid, rng, traced)`, `step(params, cfg, opts,
   state)`, `running(opts, state)`, `response_view(cfg, opts, state)`, `finish(cfg, opts,
   state)`, `check(cfg, tokens, valid, opts)`): AR, LLaDA / Dream, Fast-dLLM."""
   module: ClassVar[Any] = None
 
   @classmethod
   def from_options(cls, cfg: ModelConfig, opts) -> Plan:
-    """The plan of an options dataclass already built (its static part and knobs)."""
+    """The plan of an options dataclass already built (its static part and traced)."""
     static, traced = opts.split()
     return Plan(cls(cfg, static), traced)
 

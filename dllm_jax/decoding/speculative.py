@@ -45,7 +45,7 @@ Acceptance rule (what is exact):
 
 NFE: `nfe = target_forwards + drafter_forwards` (batched calls, each counted once).
 Per round: 1 target forward; k drafter forwards ("ar"); `draft_steps` ("d2f",
-"block_diffusion", "selfspec"). With `return_stats=True` a `SpecStats` reports them
+"block_diffusion", "selfspec"). With `return_stats=True` a `SpeculativeStats` reports them
 separately, plus per row the rounds it was live, drafts offered and drafts accepted:
 tokens per target forward = committed / rounds.
 
@@ -102,7 +102,7 @@ def check_draft_options(opts) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class SpecOptions:
+class SpeculativeOptions:
   """Static options (hashable: a jit static argument).
 
   Attributes:
@@ -151,7 +151,7 @@ class SpecOptions:
 
 
 @flax.struct.dataclass
-class SpecStats:
+class SpeculativeStats:
   """Forward counts and acceptance. target_forwards, drafter_forwards: [] batched calls;
   rounds, drafted, accepted: [B] rounds a row was live, drafts verified, drafts accepted."""
   target_forwards: Array
@@ -162,7 +162,7 @@ class SpecStats:
 
 
 @flax.struct.dataclass
-class SpecState:
+class SpeculativeState:
   """Loop carry. response [B, G]; n (committed), prompt_len, pending, done, finite, stats [B].
 
   The target cache holds prompt + response[:n - 1] (the last committed token is fed next
@@ -299,7 +299,7 @@ def _forbid(tcfg: ModelConfig, dcfg: ModelConfig):
   return tuple(sorted({i for i in (tcfg.mask_token_id, dcfg.mask_token_id) if i is not None}))
 
 
-def _verify_and_commit(tparams, tcfg, opts, state: SpecState, chunk, out_from, drafts, q,
+def _verify_and_commit(tparams, tcfg, opts, state: SpeculativeState, chunk, out_from, drafts, q,
                        keys, tcache):
   """Target forward on `chunk` (tokens, positions, valid), acceptance, commit. Also returns
   [B] whether the k + 1 logits the round read were finite."""
@@ -318,8 +318,8 @@ def _verify_and_commit(tparams, tcfg, opts, state: SpecState, chunk, out_from, d
   return tcache, accepted, response, count, done, jnp.isfinite(logits).all((1, 2))
 
 
-def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions,
-          offset=0) -> SpecState:
+def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpeculativeOptions,
+          offset=0) -> SpeculativeState:
   b, p = prompt.shape
   g, k = opts.gen_length, opts.draft_length
   prompt = prompt.astype(jnp.int32)
@@ -344,7 +344,7 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions
   chunk = (jnp.concatenate([prompt, drafts], 1),
            jnp.concatenate([ppos, prompt_len[:, None] + jnp.arange(k, dtype=jnp.int32)], 1),
            jnp.concatenate([valid, jnp.ones((b, k), bool)], 1))
-  state = SpecState(
+  state = SpeculativeState(
       response=jnp.full((b, g), base.output_pad_id(tcfg), jnp.int32), n=zeros,
       prompt_len=prompt_len, tcache=tcache, dcache=dcache, pending=jnp.zeros((b,), bool),
       done=jnp.zeros((b,), bool), finite=jnp.ones((b,), bool), rounds=zeros, drafted=zeros,
@@ -365,7 +365,7 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpecOptions
       drafter_forwards=jnp.asarray(d_forwards, jnp.int32))
 
 
-def _context_ids(opts: SpecOptions, positions, block_causal):
+def _context_ids(opts: SpeculativeOptions, positions, block_causal):
   """A diffusion drafter's block ids: its positions for a causal-context drafter
   (CAUSAL_CONTEXT: the prompt causal too, the mask block at its first slot's position),
   else the block-causal layout's ids (prompt 0, response token j 1 + j, the block 1 + n)."""
@@ -373,13 +373,13 @@ def _context_ids(opts: SpecOptions, positions, block_causal):
   return jnp.broadcast_to(jnp.asarray(ids, jnp.int32), jnp.shape(positions))
 
 
-def _drafter_capacity(p: int, opts: SpecOptions) -> int:
+def _drafter_capacity(p: int, opts: SpeculativeOptions) -> int:
   """Slots of the drafter's cache: P + G, or a diffusion drafter's widest chunk if larger."""
   width = 2 * opts.draft_length + 1 if opts.drafter != "ar" else 2
   return max(p + opts.gen_length, width)
 
 
-def _step(tparams, dparams, state: SpecState, *, tcfg, dcfg, opts: SpecOptions) -> SpecState:
+def _step(tparams, dparams, state: SpeculativeState, *, tcfg, dcfg, opts: SpeculativeOptions) -> SpeculativeState:
   b, g = state.response.shape
   k = opts.draft_length
   forbid = _forbid(tcfg, dcfg)
@@ -458,10 +458,10 @@ def round_output(cfg: ModelConfig, opts, state) -> base.DecodeOutput:
                             base.output_pad_id(cfg))
 
 
-def output(cfg: ModelConfig, opts: SpecOptions, state: SpecState):
-  """(base.DecodeOutput, SpecStats) of a finished state."""
+def output(cfg: ModelConfig, opts: SpeculativeOptions, state: SpeculativeState):
+  """(base.DecodeOutput, SpeculativeStats) of a finished state."""
   out = round_output(cfg, opts, state)
-  stats = SpecStats(target_forwards=state.target_forwards,
+  stats = SpeculativeStats(target_forwards=state.target_forwards,
                     drafter_forwards=state.drafter_forwards, rounds=state.rounds,
                     drafted=state.drafted, accepted=state.accepted)
   return out, stats
@@ -471,7 +471,7 @@ def output(cfg: ModelConfig, opts: SpecOptions, state: SpecState):
 
 @dataclasses.dataclass(frozen=True)
 class SpeculativeDecoder(protocol.Decoder):
-  """A drafter proposes, the AR target verifies: `opts` is the `SpecOptions`; the state and
+  """A drafter proposes, the AR target verifies: `opts` is the `SpeculativeOptions`; the state and
   `params` hold both models ((target, drafter) params)."""
   drafter_cfg: ModelConfig = None
 
@@ -483,12 +483,12 @@ class SpeculativeDecoder(protocol.Decoder):
   @classmethod
   def option_names(cls) -> tuple[str, ...]:
     return ("drafter_params", "drafter_cfg") + tuple(
-        f.name for f in dataclasses.fields(SpecOptions))
+        f.name for f in dataclasses.fields(SpeculativeOptions))
 
   @classmethod
   def plan(cls, cfg: ModelConfig, *, drafter_params=None, drafter_cfg=None,
            **options) -> protocol.Plan:
-    opts = base.make_options(SpecOptions, options)
+    opts = base.make_options(SpeculativeOptions, options)
     check_drafter(cfg, drafter_params, drafter_cfg, "speculative")
     return protocol.Plan(cls(cfg, opts, drafter_cfg), {"row_offset": np.int32(0)},
                          drafter_params)
@@ -572,13 +572,13 @@ def speculative_generate(target_params, target_cfg: ModelConfig, prompt_tokens,
       distributed exactly as AR sampling, and equals AR greedy at temperature 0.
     early_stop: leave the loop once every row is done (the loop never runs past that either
       way: every round of a live row commits at least one token).
-    batch_invariant: a diffusion drafter ranks on the grid (`SpecOptions`).
+    batch_invariant: a diffusion drafter ranks on the grid (`SpeculativeOptions`).
     on_nonfinite: "raise" (NonFiniteLogitsError naming the rows for which a forward of
       either model gave NaN/inf logits) or "flag" (return them with `finite` False,
       lengths 0).
-    return_stats: also return a `SpecStats` (target / drafter forwards, per-row acceptance).
+    return_stats: also return a `SpeculativeStats` (target / drafter forwards, per-row acceptance).
   Returns:
-    base.DecodeOutput (nfe = target + drafter forwards; steps = rounds), and the SpecStats
+    base.DecodeOutput (nfe = target + drafter forwards; steps = rounds), and the SpeculativeStats
     when return_stats.
   """
   options = dict(drafter_params=drafter_params, drafter_cfg=drafter_cfg, drafter=drafter,

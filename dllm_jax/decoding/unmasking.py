@@ -27,8 +27,8 @@ Which slots a step commits is the decoder's ranking (remasking); how many is the
                  once it is fully decided, and the loop ends when every row is done (at most
                  k steps per block, G in all: the static while_loop bound).
 
-even and cosine counts are static (a host-side NumPy schedule); `entropy_bound` is a traced
-knob (sweeping it never recompiles).
+even and cosine counts are static (a host-side NumPy schedule); `entropy_bound` is a
+traced option (sweeping it never recompiles).
 """
 
 from __future__ import annotations

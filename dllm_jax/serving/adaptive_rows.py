@@ -12,7 +12,7 @@ G gen_length, k draft_length.
 A lane serves one drafter, one rule and one tag map: `drafter_params` / `drafter_cfg` are
 lane options (given once; a request naming them is refused), and the thresholds and
 `task_modes` belong to the lane's option set like any other option. The thresholds stay
-traced (the lane's knobs, held in the state). A request's `task` is a row option: the tag
+traced (the lane's traced, held in the state). A request's `task` is a row option: the tag
 it names (one of the lane's `task_modes`, or none) is turned into the mode it forces
 (`AdaptiveOptions.forced_modes`) and handed to the row's init as its `row_inputs` entry, so
 one lane serves every task of the mix.
@@ -45,7 +45,7 @@ from dllm_jax.serving import speculative_rows
 @dataclasses.dataclass(frozen=True)
 class AdaptiveStatic:
   """The lane's options and the drafter's config (its params are the lane's:
-  `DraftedRows.lane_params`). Split, `opts` holds canonical thresholds (the lane's knobs
+  `DraftedRows.lane_params`). Split, `opts` holds canonical thresholds (the lane's traced
   carry the real ones) and no tag map (`row_input` reads the unsplit one)."""
   opts: adaptive.AdaptiveOptions
   drafter_cfg: ModelConfig
@@ -83,8 +83,8 @@ class AdaptiveRows(speculative_rows.DraftedRows):
     return adaptive.drafter_capacity(prompt_len, static.opts)
 
   def split(self, opts: AdaptiveStatic):
-    static, knobs = opts.opts.split()
-    return AdaptiveStatic(static, opts.drafter_cfg), knobs
+    static, traced = opts.opts.split()
+    return AdaptiveStatic(static, opts.drafter_cfg), traced
 
   def mask_id(self, cfg: ModelConfig, static: AdaptiveStatic):
     return static.drafter_cfg.mask_token_id  # the diffusion drafter's blank
@@ -106,7 +106,7 @@ class AdaptiveRows(speculative_rows.DraftedRows):
                           dcfg=static.drafter_cfg, opts=static.opts)
 
   def with_traced(self, state, traced):
-    return state.replace(knobs=traced)
+    return state.replace(traced=traced)
 
   def progress(self, static: AdaptiveStatic, state):
     # response[:n] is committed (final); nfe: the forwards a one-row decode of the row counts.

@@ -10,7 +10,7 @@ so a batch row can be replaced by a fresh one while the others keep their state.
 
   make_options(cfg, options) -> opts           checked options (ValueError naming the fix);
       a method that ranks confidences gets batch_invariant=True (`invariant_options`)
-  split(opts) -> (static, traced)               jit-static part, traced knobs
+  split(opts) -> (static, traced)               jit-static part, traced traced
   gen_length(static) -> G
   check(cfg, tokens, valid, opts)               the method's prompt checks (ValueError)
   lane_params(params, cfg, static, options, mesh, rules) -> the lane's params (default: the
@@ -22,7 +22,7 @@ so a batch row can be replaced by a fresh one while the others keep their state.
       a decoder with `row_options` also gets row_inputs [A] (`row_input` of each request)
   pad(cfg, static, state, P) -> the A-row state as if its prompts were padded to P
   step(params, cfg, static, state, mesh, rules) -> state   (one batched forward)
-  with_traced(state, traced) -> state holding the traced knobs (a shared, scalar field)
+  with_traced(state, traced) -> state holding the traced traced (a shared, scalar field)
   progress(static, state) -> (response [B, G], prefix [B], done [B], finite [B], nfe [B])
       prefix: leading response slots that are final (what may be streamed); nfe: forwards
       the row was live in.
@@ -30,7 +30,7 @@ so a batch row can be replaced by a fresh one while the others keep their state.
 Insertion is generic (`row_axes`, `scatter_rows`): every non-scalar leaf of a state is per
 row on axis 0, except the K/V caches' k and v ([L, B, S, K, Dh]) on axis 1 (the caches are
 the state fields a decoder names in `cache_fields`: `cache`, or speculative's and adaptive's
-`tcache` and `dcache`); scalars (loop counters, traced knobs) are shared and kept. A decoder
+`tcache` and `dcache`); scalars (loop counters, traced traced) are shared and kept. A decoder
 whose state breaks that rule overrides `row_axes`.
 
 Served decoders (`register(decoder_class, rows)` adds one, with no change to the engine; the
@@ -158,7 +158,7 @@ class RowDecoder:
   def check_window(self, cfg: ModelConfig, static, prompt_len: int) -> None:
     """Raises ValueError unless the largest prompt bucket + gen_length fits the window."""
     base.check_window(cfg, prompt_len, self.gen_length(static),
-                      getattr(static, "block_size", 1))
+                      getattr(static, "block_length", 1))
 
   def mask_id(self, cfg: ModelConfig, static):
     """The id a prompt must not hold (the [MASK] a diffusion model decodes), or None."""
@@ -203,7 +203,7 @@ class ARRows(RowDecoder):
     return ar.step(params, cfg, static, state)
 
   def with_traced(self, state, traced):
-    return state.replace(knobs=traced)
+    return state.replace(traced=traced)
 
   def progress(self, static, state):
     # A live row has committed response[:committed]; a done row's EOS is in it.
@@ -230,7 +230,7 @@ class D2FRows(RowDecoder):
 
   def init(self, params, cfg, static, traced, tokens, valid, keys, mesh=None, rules=None):
     kw = {} if mesh is None else dict(mesh=mesh, rules=rules)
-    return d2f._init(params, tokens, valid, keys, traced, cfg=cfg, spec=static, **kw)
+    return d2f._init(params, tokens, valid, keys, traced, cfg=cfg, opts=static, **kw)
 
   def pad(self, cfg, static, state, prompt_len: int):
     extra = prompt_len - state.prompt.shape[1]
@@ -242,10 +242,10 @@ class D2FRows(RowDecoder):
 
   def step(self, params, cfg, static, state, mesh=None, rules=None):
     kw = {} if mesh is None else dict(mesh=mesh, rules=rules)
-    return d2f._step(params, state, cfg=cfg, spec=static, **kw)
+    return d2f._step(params, state, cfg=cfg, opts=static, **kw)
 
   def with_traced(self, state, traced):
-    return state.replace(limits=traced)
+    return state.replace(traced=traced)
 
   def progress(self, static, state):
     return (state.response, _leading_true(state.decided), state.done, state.finite,
@@ -265,7 +265,7 @@ class FastStatic:
     return self.opts.gen_length
 
   @property
-  def block_size(self) -> int:
+  def block_length(self) -> int:
     """The block the engine's window check rounds gen_length to."""
     return self.opts.block_length
 
@@ -328,7 +328,7 @@ class FastDLLMRows(RowDecoder):
     return new.replace(done=new.done | state.done)
 
   def with_traced(self, state, traced):
-    return state.replace(knobs=traced)
+    return state.replace(traced=traced)
 
   def progress(self, static, state):
     response = state.canvas[:, -static.gen_length:]
@@ -398,7 +398,7 @@ def _is_key(x) -> bool:
 
 def empty_like(shapes, decoder: RowDecoder, traced):
   """A state of the given abstract shapes with every row done (empty slots) and the lane's
-  traced knobs (shared fields, which admissions keep)."""
+  traced traced (shared fields, which admissions keep)."""
   def make(s):
     if _is_key(s):
       return jnp.broadcast_to(jax.random.key(0), s.shape)

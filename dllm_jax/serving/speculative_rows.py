@@ -49,10 +49,10 @@ from dllm_jax.serving import rows
 
 
 @dataclasses.dataclass(frozen=True)
-class SpecStatic:
+class SpeculativeStatic:
   """The lane's jit-static part: speculative's options and the drafter's config (the
   drafter's params are the lane's, not here: `DraftedRows.lane_params`)."""
-  opts: spec.SpecOptions
+  opts: spec.SpeculativeOptions
   drafter_cfg: ModelConfig
 
   @property
@@ -108,31 +108,31 @@ class SpeculativeRows(DraftedRows):
   def __init__(self):
     super().__init__(method="", needs_mask=False)
 
-  def make_options(self, cfg: ModelConfig, options: dict) -> SpecStatic:
+  def make_options(self, cfg: ModelConfig, options: dict) -> SpeculativeStatic:
     decoder = spec.SpeculativeDecoder.plan(
         cfg, **rows.invariant_options(self.method, options)).decoder
-    return SpecStatic(decoder.opts, decoder.drafter_cfg)
+    return SpeculativeStatic(decoder.opts, decoder.drafter_cfg)
 
-  def drafter_capacity(self, static: SpecStatic, prompt_len: int) -> int:
+  def drafter_capacity(self, static: SpeculativeStatic, prompt_len: int) -> int:
     return spec._drafter_capacity(prompt_len, static.opts)
 
-  def split(self, opts: SpecStatic):
+  def split(self, opts: SpeculativeStatic):
     return opts, ()  # every option is static (temperature included: greedy is its own rule)
 
-  def mask_id(self, cfg: ModelConfig, static: SpecStatic):
+  def mask_id(self, cfg: ModelConfig, static: SpeculativeStatic):
     # A diffusion drafter reads [MASK] as a blank; the AR target has no such id.
     return None if static.opts.drafter == "ar" else static.drafter_cfg.mask_token_id
 
-  def check(self, cfg, tokens, valid, opts: SpecStatic):
+  def check(self, cfg, tokens, valid, opts: SpeculativeStatic):
     spec.SpeculativeDecoder(cfg, opts.opts, opts.drafter_cfg).check(tokens, valid)
 
-  def init(self, params, cfg, static: SpecStatic, traced, tokens, valid, keys, mesh=None,
+  def init(self, params, cfg, static: SpeculativeStatic, traced, tokens, valid, keys, mesh=None,
            rules=None):
     tparams, dparams = params
     return spec._init(tparams, dparams, tokens, valid, keys, tcfg=cfg,
                       dcfg=static.drafter_cfg, opts=static.opts)
 
-  def step(self, params, cfg, static: SpecStatic, state, mesh=None, rules=None):
+  def step(self, params, cfg, static: SpeculativeStatic, state, mesh=None, rules=None):
     tparams, dparams = params
     return spec._step(tparams, dparams, state, tcfg=cfg, dcfg=static.drafter_cfg,
                       opts=static.opts)
@@ -140,7 +140,7 @@ class SpeculativeRows(DraftedRows):
   def with_traced(self, state, traced):
     return state
 
-  def progress(self, static: SpecStatic, state):
+  def progress(self, static: SpeculativeStatic, state):
     # response[:n] is committed (final); a row's forwards: its rounds, each one target
     # forward and the drafter's forwards (as `speculative_generate` counts a one-row batch).
     nfe = state.rounds * (1 + static.drafter_forwards)
