@@ -7,7 +7,7 @@ thresholds, the task-tag map, and how `experiments/calibrate_adaptive.py` re-fit
 
 Calibration rows that name their "task" also get the task-tag map fitted (per task, the
 mode of parallel / verify / AR with the most tokens per forward within `calibrate.tolerance`
-of AR's accuracy: `adaptive_calibration.calibrate_task_modes`).
+of AR's accuracy: `experiments/studylib/adaptive_calibration.py`).
 
 `decode` holds every `adaptive_generate` option (pass them as `generate(...,
 method="adaptive", **decode)` with the drafter's params and config); the four thresholds are

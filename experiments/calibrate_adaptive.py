@@ -49,7 +49,7 @@ def main(argv):
   # JAX loads after the flags (_config_args).
   # pylint: disable=import-outside-toplevel
   from dllm_jax import loading
-  from dllm_jax.decoding import adaptive_calibration as calib
+  from studylib import adaptive_calibration as calib
   from dllm_jax.sampler import decode_text, encode_text
   c = _CONFIG.value
   target = loading.load_model(_TARGET.value, "ar")

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from dllm_jax.decoding import adaptive_calibration as calib
+from studylib import adaptive_calibration as calib
 from dllm_jax.decoding import ar
 
 PROMPTS = [[5, 6], [7, 8], [9, 10], [11, 12]]

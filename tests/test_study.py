@@ -249,7 +249,7 @@ def test_default_study_calibrates_its_task_tags_on_held_out_prompts(tmp_path):
   the calibration split: records after the evaluation prompts; every task of the suite gets
   the mode choose_task_modes picks from the stored figures; the stored verdict is the one the
   stored cells give."""
-  from dllm_jax.decoding import adaptive_calibration
+  from studylib import adaptive_calibration
   from studylib import calibration
   c = _study_config("")
   _shrink_models(c)

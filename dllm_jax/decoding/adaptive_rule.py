@@ -1,6 +1,7 @@
 """The adaptive decoder's rule as plain data: its threshold names and the calibration grid.
 
-Kept apart from `adaptive.py` (the decoder) and `adaptive_calibration.py` (the sweep) so that
+Kept apart from `adaptive.py` (the decoder) and the study's threshold sweep
+(`experiments/studylib/adaptive_calibration.py`) so that
 configs/adaptive.py, which the study's config loads, names them without importing JAX.
 """
 

@@ -18,7 +18,7 @@ import copy
 from collections.abc import Callable, Sequence
 
 from dllm_jax.data.sources import record_to_example
-from dllm_jax.decoding import adaptive_calibration
+from studylib import adaptive_calibration
 from dllm_jax.training import data as data_lib
 from studylib import runner
 
