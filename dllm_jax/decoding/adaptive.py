@@ -76,7 +76,7 @@ import numpy as np
 
 from dllm_jax.decoding import adaptive_rule
 from dllm_jax.decoding import ar as ar_lib
-from dllm_jax.decoding import base, protocol
+from dllm_jax.decoding import base, protocol, registry
 from dllm_jax.decoding import speculative as spec
 from dllm_jax.decoding.drafters import diffusion_draft, unshifted
 from dllm_jax.models import kv_cache as kvc
@@ -528,7 +528,7 @@ class AdaptiveDecoder(protocol.Decoder):
   def plan(cls, cfg: ModelConfig, *, drafter_params=None, drafter_cfg=None, tasks=None,
            **options) -> protocol.Plan:
     opts = base.make_options(AdaptiveOptions, options)
-    spec.check_drafter(cfg, drafter_params, drafter_cfg, "adaptive")
+    spec.check_drafter(cfg, drafter_params, drafter_cfg, registry.name_of(cls))
     forced = None if tasks is None else opts.forced_modes(
         tasks, len(tasks) if isinstance(tasks, Sequence) and not isinstance(tasks, str) else -1)
     static, traced = opts.split()

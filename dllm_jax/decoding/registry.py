@@ -74,6 +74,13 @@ def check(name) -> str:
   return name
 
 
+def name_of(decoder_class) -> str:
+  """The method name `decoder_class` is registered under ("" if none)."""
+  path = f"{decoder_class.__module__}:{decoder_class.__qualname__}"
+  return next((n for n, e in _ENTRIES.items() if e.target is decoder_class
+               or e.target == path), "")
+
+
 def get(name: str):
   """The decoder class of method `name` (its module is imported on first use)."""
   entry = _ENTRIES[check(name)]

@@ -66,7 +66,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import base, protocol, sampling
+from dllm_jax.decoding import base, protocol, registry, sampling
 # The distributions are re-exported: `speculative.greedy` / `.probabilities` are public.
 from dllm_jax.decoding.drafters import (ar_draft, diffusion_draft, greedy, probabilities,
                                        unshifted)
@@ -489,7 +489,7 @@ class SpeculativeDecoder(protocol.Decoder):
   def plan(cls, cfg: ModelConfig, *, drafter_params=None, drafter_cfg=None,
            **options) -> protocol.Plan:
     opts = base.make_options(SpeculativeOptions, options)
-    check_drafter(cfg, drafter_params, drafter_cfg, "speculative")
+    check_drafter(cfg, drafter_params, drafter_cfg, registry.name_of(cls))
     return protocol.Plan(cls(cfg, opts, drafter_cfg), {"row_offset": np.int32(0)},
                          drafter_params)
 
