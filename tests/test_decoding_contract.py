@@ -1,4 +1,4 @@
-"""What every decoding method promises alike: streaming, one option vocabulary, traced traced
+"""What every decoding method promises alike: streaming, one option vocabulary, traced options
 (one compile per sweep; a temperature of 0 is its own program, with no random draws), NaN
 options rejected, non-finite logits flagged, batch-invariant ranking and params left in place
 on a mesh.
@@ -192,7 +192,7 @@ def test_meaningless_inf_option_is_a_named_error(method, option):
                  **{option: float("inf")})
 
 
-# ----------------------------------------------------------------------------- traced traced
+# ----------------------------------------------------------------------------- traced options
 
 SWEEPS = {  # method -> (fixed options, {traced option: >= 3 values})
     "ar": (dict(gen_length=6),

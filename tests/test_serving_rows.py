@@ -6,7 +6,7 @@ runs. Fast-dLLM runs with each cache mode (none, prefix, dual); AR with top-k an
 LLaDA with random remasking, Dream with its sampled order and CFG.
 
 Compile budget: a decode compiles once per shape, so the prompts have two lengths (5 and 1:
-two one-row programs, plus the batch's); lanes that differ only in traced traced (AR's top_k,
+two one-row programs, plus the batch's); lanes that differ only in traced options (AR's top_k,
 top_p) share their programs.
 """
 

@@ -46,7 +46,7 @@ Array = jnp.ndarray
 
 @dataclasses.dataclass(frozen=True)
 class AROptions:
-  """Decoding options; `split()` gives the static part (a jit argument) and the traced traced.
+  """Decoding options; `split()` gives the static part (a jit argument) and the traced options.
 
   Attributes:
     gen_length: G, the most tokens generated per row.

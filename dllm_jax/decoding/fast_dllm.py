@@ -71,7 +71,7 @@ CACHE_MODES = ("none", "prefix", "dual")
 
 @dataclasses.dataclass(frozen=True)
 class FastDLLMOptions:
-  """Decoding options; `split()` gives the static part (a jit argument) and the traced traced.
+  """Decoding options; `split()` gives the static part (a jit argument) and the traced options.
 
   Attributes:
     gen_length: G response slots.

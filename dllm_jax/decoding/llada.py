@@ -75,7 +75,7 @@ REMASKING = {
 
 @dataclasses.dataclass(frozen=True)
 class LLaDAOptions:
-  """Decoding options; `split()` gives the static part (a jit argument) and the traced traced.
+  """Decoding options; `split()` gives the static part (a jit argument) and the traced options.
 
   Attributes:
     gen_length: G response slots.
@@ -140,8 +140,8 @@ class LLaDAOptions:
                        base.check_flag("batch_invariant", self.batch_invariant))
 
   def split(self):
-    """(static options, traced traced). The static part keeps only whether CFG is on; the
-    traced hold temperature, alg_temp, entropy_bound and the CFG weight `cfg_scale + 1`
+    """(static options, traced options). The static part keeps only whether CFG is on; the
+    traced options hold temperature, alg_temp, entropy_bound and the CFG weight `cfg_scale + 1`
     (computed here in float64, as the untraced formula did)."""
     static, traced = base.split_options(
         self, {"temperature": 0.0, "alg_temp": 0.0,

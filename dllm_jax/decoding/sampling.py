@@ -10,7 +10,7 @@ a row's randomness independent of the batch and of the forward window it sits in
 serving engine derives them from (request seed, row step, response slot) only
 (`row_step_keys`, `slot_keys`).
 
-Scalar traced (temperature, top_k, top_p, the order temperature) may be Python numbers or
+Scalar traced options (temperature, top_k, top_p, the order temperature) may be Python numbers or
 traced [] arrays: decoders pass them traced, so sweeping them never recompiles. A traced
 temperature of 0 is still exactly greedy (`lax.cond` picks the plain argmax).
 

@@ -46,7 +46,7 @@ from dllm_jax.serving import speculative_rows
 class AdaptiveStatic:
   """The lane's options and the drafter's config (its params are the lane's:
   `DraftedRows.lane_params`). Split, `opts` holds canonical thresholds (the lane's traced
-  carry the real ones) and no tag map (`row_input` reads the unsplit one)."""
+  options carry the real ones) and no tag map (`row_input` reads the unsplit one)."""
   opts: adaptive.AdaptiveOptions
   drafter_cfg: ModelConfig
 

@@ -10,7 +10,7 @@ so a batch row can be replaced by a fresh one while the others keep their state.
 
   make_options(cfg, options) -> opts           checked options (ValueError naming the fix);
       a method that ranks confidences gets batch_invariant=True (`invariant_options`)
-  split(opts) -> (static, traced)               jit-static part, traced traced
+  split(opts) -> (static, traced)               jit-static part, traced options
   gen_length(static) -> G
   check(cfg, tokens, valid, opts)               the method's prompt checks (ValueError)
   lane_params(params, cfg, static, options, mesh, rules) -> the lane's params (default: the
@@ -22,7 +22,7 @@ so a batch row can be replaced by a fresh one while the others keep their state.
       a decoder with `row_options` also gets row_inputs [A] (`row_input` of each request)
   pad(cfg, static, state, P) -> the A-row state as if its prompts were padded to P
   step(params, cfg, static, state, mesh, rules) -> state   (one batched forward)
-  with_traced(state, traced) -> state holding the traced traced (a shared, scalar field)
+  with_traced(state, traced) -> state holding the traced options (a shared, scalar field)
   progress(static, state) -> (response [B, G], prefix [B], done [B], finite [B], nfe [B])
       prefix: leading response slots that are final (what may be streamed); nfe: forwards
       the row was live in.
@@ -30,7 +30,7 @@ so a batch row can be replaced by a fresh one while the others keep their state.
 Insertion is generic (`row_axes`, `scatter_rows`): every non-scalar leaf of a state is per
 row on axis 0, except the K/V caches' k and v ([L, B, S, K, Dh]) on axis 1 (the caches are
 the state fields a decoder names in `cache_fields`: `cache`, or speculative's and adaptive's
-`tcache` and `dcache`); scalars (loop counters, traced traced) are shared and kept. A decoder
+`tcache` and `dcache`); scalars (loop counters, traced options) are shared and kept. A decoder
 whose state breaks that rule overrides `row_axes`.
 
 Served decoders (`register(decoder_class, rows)` adds one, with no change to the engine; the
@@ -398,7 +398,7 @@ def _is_key(x) -> bool:
 
 def empty_like(shapes, decoder: RowDecoder, traced):
   """A state of the given abstract shapes with every row done (empty slots) and the lane's
-  traced traced (shared fields, which admissions keep)."""
+  traced options (shared fields, which admissions keep)."""
   def make(s):
     if _is_key(s):
       return jnp.broadcast_to(jax.random.key(0), s.shape)
