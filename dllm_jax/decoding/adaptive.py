@@ -87,6 +87,8 @@ from dllm_jax.models.transformer import Transformer, project
 Array = jnp.ndarray
 PARALLEL, VERIFY, AR, NO_ROUND = 0, 1, 2, -1
 MODE_CODES = {"parallel": PARALLEL, "verify": VERIFY, "ar": AR}
+# What adaptive decoding drafts with (its PARALLEL rounds commit a diffusion block).
+DRAFTER = ("a diffusion drafter", "a D2F student or block-diffusion model")
 TAG_MODES = ("auto",) + tuple(MODE_CODES)  # "auto": the tag leaves the choice to the rule
 THRESHOLDS = adaptive_rule.THRESHOLDS
 
@@ -528,7 +530,7 @@ class AdaptiveDecoder(protocol.Decoder):
   def plan(cls, cfg: ModelConfig, *, drafter_params=None, drafter_cfg=None, tasks=None,
            **options) -> protocol.Plan:
     opts = base.make_options(AdaptiveOptions, options)
-    spec.check_drafter(cfg, drafter_params, drafter_cfg, registry.name_of(cls))
+    spec.check_drafter(cfg, drafter_params, drafter_cfg, registry.name_of(cls), *DRAFTER)
     forced = None if tasks is None else opts.forced_modes(
         tasks, len(tasks) if isinstance(tasks, Sequence) and not isinstance(tasks, str) else -1)
     static, traced = opts.split()

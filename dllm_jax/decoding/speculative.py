@@ -523,13 +523,15 @@ class SpeculativeDecoder(protocol.Decoder):
     return abstract_params(self.cfg), abstract_params(self.drafter_cfg)
 
 
-def check_drafter(target_cfg: ModelConfig, drafter_params, drafter_cfg, method: str) -> None:
-  """Raises ValueError unless a drafter is given and shares the target's tokenizer."""
+def check_drafter(target_cfg: ModelConfig, drafter_params, drafter_cfg, method: str,
+                  drafter: str = "a drafter",
+                  kinds: str = "a small AR model, or a D2F / block-diffusion model") -> None:
+  """Raises ValueError unless a drafter is given and shares the target's tokenizer;
+  `drafter` and `kinds` say what the method drafts with."""
   if drafter_params is None or drafter_cfg is None:
-    raise ValueError(f"{method} decoding needs a drafter: pass drafter_params and "
-                     "drafter_cfg (a small AR model, or a D2F / block-diffusion model, sharing "
-                     "the target's tokenizer; Sampler.load(..., drafter_model=<dir>) loads "
-                     "one).")
+    raise ValueError(f"{method} decoding needs {drafter}: pass drafter_params and drafter_cfg "
+                     f"({kinds}, sharing the target's tokenizer; Sampler.load(..., "
+                     "drafter_model=<dir>) loads one).")
   check_pair(target_cfg, drafter_cfg)
 
 

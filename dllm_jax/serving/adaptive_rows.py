@@ -72,7 +72,7 @@ class AdaptiveRows(speculative_rows.DraftedRows):
     opts = base.make_options(adaptive.AdaptiveOptions, {
         k: v for k, v in options.items() if k not in ("drafter_params", "drafter_cfg")})
     spec.check_drafter(cfg, options.get("drafter_params"), options.get("drafter_cfg"),
-                       self.method)
+                       self.method, *adaptive.DRAFTER)
     return AdaptiveStatic(opts, options["drafter_cfg"])
 
   def row_input(self, opts: AdaptiveStatic, options: dict) -> int:
