@@ -507,7 +507,7 @@ def _plain_ar(tparams, tokens, valid, rng, *, tcfg: ModelConfig, opts: AdaptiveO
 # ----------------------------------------------------------------------------- the decoder
 
 @dataclasses.dataclass(frozen=True)
-class AdaptiveDecoder(protocol.Decoder):
+class AdaptiveDecoder(spec.RoundDecoder):
   """Per row and round: the drafter's block committed in parallel, verified by the AR
   target, or plain AR. `opts` is the static `AdaptiveOptions` (thresholds traced, task map
   resolved by `plan` into per-row forced modes, the `row_inputs`). `plain_ar`: greedy with
@@ -515,6 +515,7 @@ class AdaptiveDecoder(protocol.Decoder):
   drafter_cfg: ModelConfig = None
   plain_ar: bool = False
 
+  finish = staticmethod(output)
   init_forwards = True
   uses_drafter = True
   row_options = ("tasks",)
@@ -568,21 +569,7 @@ class AdaptiveDecoder(protocol.Decoder):
     out, stats = _plain_ar(params[0], tokens, valid, rng, tcfg=self.cfg, opts=self.opts)
     return (out, stats) if with_stats else out
 
-  def running(self, state):
-    return spec.rounds_left(self.opts, state)
-
-  def view(self, state):
-    return state.response, jnp.arange(self.gen_length)[None, :] < state.n[:, None]
-
-  def output(self, state):
-    return output(self.cfg, self.opts, state)[0]
-
-  def stats(self, state):
-    return output(self.cfg, self.opts, state)[1]
-
-  def abstract_params(self):
-    from dllm_jax.models.transformer import abstract_params  # pylint: disable=import-outside-toplevel
-    return abstract_params(self.cfg), abstract_params(self.drafter_cfg)
+  abstract_params = spec.SpeculativeDecoder.abstract_params
 
 
 # ----------------------------------------------------------------------------- public API

@@ -222,11 +222,6 @@ def output(cfg: ModelConfig, opts: SelfSpecOptions, state: SelfSpecState):
                             accepted=state.accepted)
 
 
-def _running(opts: SelfSpecOptions, state: SelfSpecState) -> Array:
-  more = state.step < opts.gen_length
-  return more & ~jnp.all(state.done) if opts.early_stop else more
-
-
 def check_model(cfg: ModelConfig) -> None:
   """Raises ValueError unless `cfg` can run self-speculative decoding."""
   if cfg.mask_token_id is None:
@@ -255,9 +250,10 @@ def check_capacity(cfg: ModelConfig, prompt_len: int, opts: SelfSpecOptions) -> 
 
 # ----------------------------------------------------------------------------- the decoder
 
-class SelfSpecDecoder(protocol.Decoder):
+class SelfSpecDecoder(spec.RoundDecoder):
   """One network verifies the last draft causally and drafts the next block in one forward."""
   options = SelfSpecOptions
+  finish = staticmethod(output)
   init_forwards = True   # the init's forward (prompt + mask block) commits the first token
   attention = "selfspec"
 
@@ -276,17 +272,6 @@ class SelfSpecDecoder(protocol.Decoder):
   def step(self, params, state):
     return _step(params, state, cfg=self.cfg, opts=self.opts)
 
-  def running(self, state):
-    return _running(self.opts, state)
-
-  def view(self, state):
-    return state.response, jnp.arange(self.gen_length)[None, :] < state.n[:, None]
-
-  def output(self, state):
-    return output(self.cfg, self.opts, state)[0]
-
-  def stats(self, state):
-    return output(self.cfg, self.opts, state)[1]
 
 
 # ----------------------------------------------------------------------------- public API

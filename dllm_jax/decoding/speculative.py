@@ -469,12 +469,31 @@ def output(cfg: ModelConfig, opts: SpeculativeOptions, state: SpeculativeState):
 
 # ----------------------------------------------------------------------------- the decoder
 
+class RoundDecoder(protocol.Decoder):
+  """A hybrid: each round commits a prefix of `n` tokens per row, and its module's
+  `output(cfg, opts, state)` gives (DecodeOutput, stats) (speculative, selfspec, adaptive)."""
+  finish = None  # the module's output function, a staticmethod
+
+  def running(self, state):
+    return rounds_left(self.opts, state)
+
+  def view(self, state):
+    return state.response, jnp.arange(self.gen_length)[None, :] < state.n[:, None]
+
+  def output(self, state):
+    return self.finish(self.cfg, self.opts, state)[0]
+
+  def stats(self, state):
+    return self.finish(self.cfg, self.opts, state)[1]
+
+
 @dataclasses.dataclass(frozen=True)
-class SpeculativeDecoder(protocol.Decoder):
+class SpeculativeDecoder(RoundDecoder):
   """A drafter proposes, the AR target verifies: `opts` is the `SpeculativeOptions`; the state and
   `params` hold both models ((target, drafter) params)."""
   drafter_cfg: ModelConfig = None
 
+  finish = staticmethod(output)
   init_forwards = True   # the init runs round 0 (drafts and the verifying prefill)
   uses_drafter = True
   attention = "causal"
@@ -505,18 +524,6 @@ class SpeculativeDecoder(protocol.Decoder):
 
   def step(self, params, state):
     return _step(*params, state, tcfg=self.cfg, dcfg=self.drafter_cfg, opts=self.opts)
-
-  def running(self, state):
-    return rounds_left(self.opts, state)
-
-  def view(self, state):
-    return state.response, jnp.arange(self.gen_length)[None, :] < state.n[:, None]
-
-  def output(self, state):
-    return output(self.cfg, self.opts, state)[0]
-
-  def stats(self, state):
-    return output(self.cfg, self.opts, state)[1]
 
   def abstract_params(self):
     from dllm_jax.models.transformer import abstract_params  # pylint: disable=import-outside-toplevel
