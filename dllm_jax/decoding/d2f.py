@@ -428,12 +428,17 @@ class D2FDecoder(protocol.Decoder):
   attention = "block_causal"
 
   @classmethod
+  def functions(cls):
+    """(the settings builder, the `*_generate` function whose keywords are the options)."""
+    return d2f_options, d2f_generate
+
+  @classmethod
   def option_names(cls) -> tuple[str, ...]:
-    return _keywords(d2f_generate)
+    return _keywords(cls.functions()[1])
 
   @classmethod
   def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:
-    opts, traced = d2f_options(cfg, **options)
+    opts, traced = cls.functions()[0](cfg, **options)
     return protocol.Plan(cls(cfg, opts), traced)
 
   @classmethod
@@ -479,19 +484,15 @@ class BlockDiffusionDecoder(D2FDecoder):
   """Block diffusion: D2F with one block in flight and the count rule."""
 
   @classmethod
-  def option_names(cls) -> tuple[str, ...]:
-    return _keywords(block_diffusion_generate)
-
-  @classmethod
-  def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:
-    opts, traced = block_diffusion_options(cfg, **options)
-    return protocol.Plan(cls(cfg, opts), traced)
+  def functions(cls):
+    return block_diffusion_options, block_diffusion_generate
 
   @classmethod
   def run_defaults(cls, block: int) -> dict:
     return {"block_length": block, "steps_per_block": block}
 
 
+@functools.lru_cache(maxsize=None)  # read on every generate call's option check
 def _keywords(fn) -> tuple[str, ...]:
   """The decode options of a `*_generate` function: its keyword-only parameters, less those
   the drivers own (placement, return values, non-finite handling, the old block_size)."""
