@@ -293,6 +293,44 @@ def test_selfspec_equals_ar_on_trained_model(trained):
   assert per_forward > 1.5
 
 
+def selfspec_rounds(params, tokens, valid, k):
+  """Per round and row: (drafts verified, drafts accepted, tokens committed), read off the
+  decoder's state between forwards (the protocol's own init/step)."""
+  plan = protocol.plan("selfspec", CFG, dict(gen_length=G, draft_length=k))
+  decoder = plan.decoder
+  state = protocol.jit_init(params, tokens, valid, jax.random.key(0), plan.traced,
+                            decoder=decoder)
+  rounds = []
+  while not bool(np.all(np.asarray(state.done))):
+    before = jax.device_get((state.drafted, state.accepted, state.n))
+    state = protocol.jit_step(params, state, decoder=decoder)
+    after = jax.device_get((state.drafted, state.accepted, state.n))
+    rounds.append(np.stack([a - b for a, b in zip(after, before)], -1))  # [B, 3]
+  return np.stack(rounds, 1)  # [B, R, 3]
+
+
+@pytest.mark.slow
+def test_selfspec_drafts_after_a_partial_acceptance(trained):
+  """TiDAR's rule: every forward drafts, for whatever number of drafts it accepts. On the
+  counting target, prompts that break the count (a jump the network must first correct)
+  reject part of a draft; the round after such a round offers a full draft again and, the
+  count being back on track, commits more than one token. (Drafting only after a fully
+  accepted round, the round after a rejection would verify nothing and commit one.)"""
+  target, _, _ = trained
+  prompts = [[20, 21, 22, 50], [40, 41, 7], [7, 8, 9, 30, 31], [60, 61, 62, 63, 10]]
+  tokens, valid = batch_of(prompts, 5)
+  trace = selfspec_rounds(target, tokens, valid, K)
+  drafted, accepted, committed = trace[..., 0], trace[..., 1], trace[..., 2]
+  after_partial = [(b, r) for b in range(len(prompts)) for r in range(trace.shape[1] - 1)
+                   if drafted[b, r] == K and accepted[b, r] < K and committed[b, r] > 0
+                   and committed[b, r + 1] > 0]
+  assert after_partial, trace
+  assert all(drafted[b, r + 1] == K for b, r in after_partial), trace
+  assert any(committed[b, r + 1] > 1 for b, r in after_partial), trace
+  out = selfspec.selfspec_generate(target, CFG, tokens, valid, gen_length=G, draft_length=K)
+  same_tokens(out, ar.ar_generate(target, CFG, tokens, valid, gen_length=G))
+
+
 # ----------------------------------------------------------------------------- sampling
 
 SMALL = CFG.replace(vocab_size=8, mask_token_id=7, eos_token_id=None, pad_token_id=0,

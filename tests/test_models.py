@@ -317,3 +317,61 @@ def test_init_params_on_a_mesh_equals_the_plain_init(params):
                               jax.tree.leaves(want)):
     assert x.sharding.is_equivalent_to(sharding, x.ndim)
     np.testing.assert_allclose(np.asarray(x), np.asarray(ref), rtol=1e-6, atol=0)
+
+
+def test_visibility_with_branches_restates_the_rule():
+  """masks.visibility against a loop over (query, key): id rule, NO_KEY, and a branch b > 0
+  key seen only by its own branch's queries."""
+  rng = np.random.default_rng(0)
+  q_ids, k_ids = rng.integers(0, 6, (2, 7)), rng.integers(0, 6, (2, 9))
+  k_ids[:, 3] = masks.NO_KEY
+  q_br, k_br = rng.integers(0, 3, (2, 7)), rng.integers(0, 3, (2, 9))
+  got = np.asarray(masks.visibility(jnp.asarray(q_ids), jnp.asarray(k_ids), jnp.asarray(q_br),
+                                    jnp.asarray(k_br)))
+  for b in range(2):
+    for t in range(7):
+      for s in range(9):
+        want = (k_ids[b, s] != masks.NO_KEY and k_ids[b, s] <= q_ids[b, t]
+                and (k_br[b, s] == 0 or k_br[b, s] == q_br[b, t]))
+        assert got[b, t, s] == want, (b, t, s)
+  np.testing.assert_array_equal(masks.visibility(jnp.asarray(q_ids), jnp.asarray(k_ids)),
+                                got | ~got & (k_br[:, None, :] != 0) & (
+                                    k_ids[:, None, :] <= q_ids[:, :, None]) & (
+                                    k_ids[:, None, :] != masks.NO_KEY))
+
+
+def test_sibling_branches_equal_separate_forwards(params, tokens):
+  """A cached causal prefix, then one chunk of a trunk (causal) and two sibling blocks on
+  branches 1 and 2, each seeing the prefix up to its own point and itself: every block's
+  logits equal a forward of that block alone after its prefix; the trunk's equal the trunk
+  alone; only the trunk is written to the cache."""
+  prefix, trunk, block = 4, 3, 3
+  cache = init_cache(CFG, 2, T + 8)
+  pos = jnp.broadcast_to(jnp.arange(prefix), (2, prefix))
+  _, cache = _apply(params, tokens[:, :prefix], masks.causal_ids(pos), cache=cache)
+  trunk_tok = tokens[:, prefix:prefix + trunk]
+  blocks = [tokens[:, 8:8 + block], tokens[:, 9:9 + block]]
+  # Block j sees the prefix and the first j trunk tokens: it sits at positions after them.
+  starts = [prefix + 1, prefix + 2]
+  trunk_pos = prefix + jnp.arange(trunk)
+  chunk = jnp.concatenate([trunk_tok] + blocks, 1)
+  positions = jnp.concatenate([trunk_pos] + [s + jnp.arange(block) for s in starts])
+  ids = jnp.concatenate([trunk_pos] + [jnp.full((block,), s - 1) for s in starts])
+  branch = jnp.repeat(jnp.arange(3), jnp.array([trunk, block, block]),
+                      total_repeat_length=trunk + 2 * block)
+  both, written = _apply(params, chunk, jnp.broadcast_to(ids, (2, ids.size)),
+                         positions=jnp.broadcast_to(positions, (2, ids.size)), cache=cache,
+                         branch_ids=branch, write_len=trunk)
+  alone_trunk, _ = _apply(params, trunk_tok, jnp.broadcast_to(trunk_pos, (2, trunk)),
+                          positions=jnp.broadcast_to(trunk_pos, (2, trunk)), cache=cache)
+  np.testing.assert_allclose(both[:, :trunk], alone_trunk, atol=1e-5, rtol=0)
+  for j, (s, blk) in enumerate(zip(starts, blocks)):
+    seen = s - prefix  # trunk tokens block j sees: cached first, then the block alone
+    pos_j = jnp.broadcast_to(trunk_pos[:seen], (2, seen))
+    _, cache_j = _apply(params, trunk_tok[:, :seen], pos_j, positions=pos_j, cache=cache)
+    blk_pos = jnp.broadcast_to(s + jnp.arange(block), (2, block))
+    alone, _ = _apply(params, blk, jnp.full((2, block), s - 1), positions=blk_pos,
+                      cache=cache_j)
+    got = both[:, trunk + j * block:trunk + (j + 1) * block]
+    np.testing.assert_allclose(got, alone, atol=1e-5, rtol=0)
+  np.testing.assert_array_equal(written.length, [prefix + trunk] * 2)

@@ -8,9 +8,9 @@ model is the tiny network test_decoding_speculative trains with `selfspec_loss` 
 rows (a, a+1, a+2, ...): some rows get whole drafts accepted, others have them rejected in
 almost every round, so in one engine rows roll their caches back by different amounts.
 
-Lanes: k = 3 greedy and sampled, and k = 10, whose widest forward (2k + 2 = 22 slots) is
-wider than the smallest bucket's prompt + G (8 + 12), so the engine left-pads those
-admissions (`selfspec_rows._prompt_width`). Compile budget as in test_serving_speculative:
+Lanes: k = 3 greedy and sampled, and k = 8, whose forward ((k + 1)(k + 2) = 90 slots) is
+wider than the smallest bucket's prompt + G (8 + 12): a forward writes only its clean slots,
+so the cache stays prompt + G. Compile budget as in test_serving_speculative:
 3 slots, one step per run, buckets 8 and 16, admit size 3.
 """
 
@@ -21,12 +21,11 @@ from dllm_jax.decoding import generate
 from dllm_jax.decoding import selfspec
 from dllm_jax.serving import (BadOptionError, Engine, MaskInPromptError, PromptTooLongError,
                               request_keys)
-from dllm_jax.serving import selfspec_rows
 from test_decoding_speculative import counting_model
 from test_serving_engine import CFG, G, _alone, _serve, assert_streams_add_up, workload
 
 LANES = {"greedy": dict(draft_length=3), "sampled": dict(draft_length=3, temperature=0.9),
-         "wide_draft": dict(draft_length=10)}
+         "wide_draft": dict(draft_length=8)}
 SHAPE = dict(slots=3, max_steps_per_run=1, prompt_buckets=(8, 16), admit_sizes=(3,))
 
 
@@ -93,17 +92,6 @@ def test_outputs_equal_alone(params, lane):
     assert [t for t, _, _ in other] != [t for t, _, _ in refs]
 
 
-def test_prompt_width_keeps_the_widest_forward():
-  """The cache is always [prompt width | G] with room for the widest forward (2k + 2)."""
-  opts = selfspec.SelfSpecOptions(gen_length=12, draft_length=10)
-  assert [selfspec_rows._prompt_width(p, opts) for p in (1, 8, 10, 16)] == [10, 10, 10, 16]
-  for p in (1, 8, 16):
-    width = selfspec_rows._prompt_width(p, opts)
-    assert width + 12 == selfspec._capacity(width, opts) >= 2 * 10 + 2
-  opts = selfspec.SelfSpecOptions(gen_length=12, draft_length=3)
-  assert [selfspec_rows._prompt_width(p, opts) for p in (1, 8, 16)] == [1, 8, 16]
-
-
 def test_bad_requests_and_setups_are_refused(params):
   options = dict(gen_length=G, **LANES["greedy"])
   engine = Engine(params, CFG, methods="selfspec", options=options, max_prompt_len=16,
@@ -129,6 +117,6 @@ def test_bad_requests_and_setups_are_refused(params):
     Engine(params, CFG.replace(shift_logits=True), methods="selfspec", options=options)
   with pytest.raises(ValueError, match="no mask_token_id"):
     Engine(params, CFG.replace(mask_token_id=None), methods="selfspec", options=options)
-  with pytest.raises(ValueError, match="2 \\* draft_length \\+ 2 = 22 slots"):
+  with pytest.raises(ValueError, match="\\(draft_length \\+ 1\\) \\* \\(draft_length \\+ 2\\) = 132 slots"):
     Engine(params, CFG.replace(max_seq_len=21), methods="selfspec", max_prompt_len=8,
            prompt_buckets=(8,), options=dict(gen_length=G, draft_length=10))

@@ -11,20 +11,21 @@ prefix and itself, and no clean token sees it (the verification is unchanged by 
 
 Each forward (one loop round) carries, per row:
 
-    [ x  d_1 .. d_k | m_0 m_1 .. m_k ]      x: the last committed token (not yet cached)
-      clean, causal   masks, one id          d: the draft of the previous round (if any)
+    [ x  d_1 .. d_k | M_0 | M_1 | .. | M_k ]   x: the last committed token (not yet cached)
+      clean, causal   k + 1 mask blocks        d: the draft of the previous round
 
   * the clean slots verify: slot j predicts the token after it (p_1 .. p_k, bonus p_{k+1});
     `speculative.verify` accepts a drafts and adds the target's token, as in speculative
     decoding with the same network as target;
-  * the mask block sits right after the last valid clean slot. m_0 lands on the position the
-    last clean slot predicts (the bonus), m_1 .. m_k on the k positions after it: their
-    greedy proposals are the next draft, conditioned on the full draft being accepted. So the
-    next round has a draft iff this round accepted every draft offered (a round without a
-    draft offers 0 and always does); otherwise the next round verifies nothing and drafts
-    afresh (it still commits the target's token).
+  * mask block M_a (k + 1 masks) drafts for the outcome "a drafts accepted": it sits right
+    after d_a (after x for a = 0), sees the clean prefix up to d_a and itself, and nothing
+    else (its own branch: `masks.visibility`). Its first mask lands on the position of the
+    target's token (the correction or bonus), the k after it are the next draft. The round
+    keeps the block of the outcome that happened, so every round drafts, after a partial
+    acceptance as after a full one (TiDAR's pre-drafting for every acceptance outcome).
+    A forward is (k + 1)(k + 2) slots (`forward_width`).
 
-The first forward carries `prompt ++ m_0 .. m_k` (no separate prefill): it commits the AR
+The first forward carries `prompt ++ M_0` (one mask block, no separate prefill): it commits the AR
 token after the prompt and drafts the k after it. Only the clean slots are written to the
 K/V cache (exact causal K/V); rejected drafts are truncated away (`kv_cache.truncate`).
 
@@ -119,36 +120,47 @@ class SelfSpecState:
   row_offset: Array  # [] the global index of row 0 (a data shard's first row)
 
 
-def _forward(params, cfg: ModelConfig, clean, mask_start, cache, k: int):
-  """One forward of clean slots (tokens, positions, valid) plus k + 1 masks after position
-  `mask_start - 1` ([B]). Returns (clean logits [B, T, V], mask-slot logits [B, k + 1, V],
-  cache with every clean slot written)."""
+def _forward(params, cfg: ModelConfig, clean, starts, cache, k: int):
+  """One forward of clean slots (tokens, positions, valid) plus one block of k + 1 masks
+  per entry of `starts` [B, N]: block j sits at positions starts[:, j] + [0, k], sees the
+  clean prefix up to position starts[:, j] - 1 and itself (its own branch), and no other
+  block. Returns (clean hidden [B, T, D], mask hidden [B, N, k + 1, D], cache with every
+  clean slot written)."""
   tokens, positions, valid = clean
   b, t = tokens.shape
-  mpos = mask_start[:, None] + jnp.arange(k + 1, dtype=jnp.int32)[None]
+  n = starts.shape[1]
+  offsets = jnp.arange(k + 1, dtype=jnp.int32)
+  mpos = (starts[:, :, None] + offsets).reshape(b, n * (k + 1))
+  mids = jnp.broadcast_to(starts[:, :, None] - 1, (b, n, k + 1)).reshape(b, n * (k + 1))
+  branch = jnp.repeat(jnp.arange(1, n + 1, dtype=jnp.int32), k + 1)
   hidden, cache = Transformer(cfg).apply(
       {"params": params},
-      jnp.concatenate([tokens, jnp.full((b, k + 1), cfg.mask_token_id, jnp.int32)], 1),
-      block_ids=jnp.concatenate([positions, jnp.broadcast_to(mask_start[:, None], mpos.shape)],
-                                1),
+      jnp.concatenate([tokens, jnp.full((b, n * (k + 1)), cfg.mask_token_id, jnp.int32)], 1),
+      block_ids=jnp.concatenate([positions, mids], 1),
       positions=jnp.concatenate([positions, mpos], 1),
-      valid=jnp.concatenate([valid, jnp.ones((b, k + 1), bool)], 1), cache=cache,
+      valid=jnp.concatenate([valid, jnp.ones((b, n * (k + 1)), bool)], 1), cache=cache,
+      branch_ids=jnp.concatenate([jnp.zeros((t,), jnp.int32), branch]),
       write_len=t, head=False)
-  return hidden[:, :t], project(params, cfg, hidden[:, t:]), cache
+  return hidden[:, :t], hidden[:, t:].reshape(b, n, k + 1, -1), cache
 
 
-def _round(params, cfg, opts, state: SelfSpecState, hidden, mask_logits, cache, cache_len0,
+def _round(params, cfg, opts, state: SelfSpecState, hidden, mask_hidden, cache, cache_len0,
            n_drafts, keys):
-  """Acceptance, commit, rollback and the next draft from one forward's outputs."""
+  """Acceptance, commit, rollback and the next draft from one forward's outputs: the next
+  draft comes from the mask block of the outcome that happened (a accepted drafts: block a,
+  or block 0 when the forward carried one block)."""
   k = opts.draft_length
   logits = project(params, cfg, hidden)
   read = jnp.arange(k + 1)[None] <= n_drafts[:, None]             # the clean slots verified
-  ok = sampling.all_finite(logits, read) & sampling.all_finite(mask_logits)
   choice, accepted = spec.verify(logits, state.draft, n_drafts, keys,
                                  temperature=opts.temperature, top_k=opts.top_k,
                                  top_p=opts.top_p, forbid_ids=(cfg.mask_token_id,))
   live = ~state.done
   accepted = jnp.where(live, accepted, 0)
+  block = jnp.minimum(accepted, mask_hidden.shape[1] - 1)
+  mask_logits = project(params, cfg, jnp.take_along_axis(
+      mask_hidden, block[:, None, None, None], axis=1)[:, 0])        # [B, k + 1, V]
+  ok = sampling.all_finite(logits, read) & sampling.all_finite(mask_logits)
   response, count, done = spec.commit(cfg, state.response, state.n, state.done, choice,
                                       accepted)
   # A done row's cache keeps its length: the engine steps finished and empty slots beside
@@ -159,7 +171,7 @@ def _round(params, cfg, opts, state: SelfSpecState, hidden, mask_logits, cache, 
   return state.replace(
       response=response, n=state.n + count, cache=cache,
       draft=jnp.where(live[:, None], draft, state.draft),
-      has_draft=jnp.where(live, accepted == n_drafts, state.has_draft), done=done,
+      has_draft=state.has_draft | live, done=done,
       finite=state.finite & (ok | ~live),
       rounds=state.rounds + live.astype(jnp.int32), drafted=state.drafted + n_drafts,
       accepted=state.accepted + accepted, step=state.step + 1)
@@ -171,8 +183,8 @@ def _init(params, prompt, valid, rng, *, cfg: ModelConfig, opts: SelfSpecOptions
   prompt_len = valid.sum(-1, dtype=jnp.int32)
   positions = masks.left_pad_positions(valid)
   cache = kvc.init_cache(cfg, b, _capacity(p, opts))
-  hidden, mask_logits, cache = _forward(params, cfg, (prompt.astype(jnp.int32), positions,
-                                                       valid), prompt_len, cache, k)
+  hidden, mask_hidden, cache = _forward(params, cfg, (prompt.astype(jnp.int32), positions,
+                                                       valid), prompt_len[:, None], cache, k)
   zeros = jnp.zeros((b,), jnp.int32)
   state = SelfSpecState(
       response=jnp.full((b, g), base.output_pad_id(cfg), jnp.int32), n=zeros,
@@ -184,7 +196,7 @@ def _init(params, prompt, valid, rng, *, cfg: ModelConfig, opts: SelfSpecOptions
   # Verify "no draft": slot 0 (the prompt's last token) gives the first token.
   slots = jnp.full((b, k + 1), p - 1, jnp.int32)
   return _round(params, cfg, opts, state, jnp.take_along_axis(hidden, slots[..., None], 1),
-                mask_logits, cache, jnp.full((b,), p, jnp.int32), zeros,
+                mask_hidden, cache, jnp.full((b,), p, jnp.int32), zeros,
                 spec.round_keys(rng, 0, zeros, 1, offset))
 
 
@@ -200,15 +212,23 @@ def _step(params, state: SelfSpecState, *, cfg: ModelConfig, opts: SelfSpecOptio
   valid = (jnp.arange(k + 1)[None] <= n_drafts[:, None]) & live[:, None]
   tokens = jnp.concatenate([last[:, None], state.draft], 1)
   cache_len0 = state.cache.length
-  hidden, mask_logits, cache = _forward(params, cfg, (tokens, positions, valid),
-                                        last_pos + n_drafts + 1, state.cache, k)
-  return _round(params, cfg, opts, state, hidden, mask_logits, cache, cache_len0 + 1, n_drafts,
+  # One mask block per acceptance outcome a (0..k): it starts after the last committed
+  # token and a accepted drafts, so the next round drafts whatever this one accepts.
+  starts = last_pos[:, None] + 1 + jnp.arange(k + 1, dtype=jnp.int32)[None]
+  hidden, mask_hidden, cache = _forward(params, cfg, (tokens, positions, valid), starts,
+                                        state.cache, k)
+  return _round(params, cfg, opts, state, hidden, mask_hidden, cache, cache_len0 + 1, n_drafts,
                 spec.round_keys(state.rng, state.step, state.rounds, 1, state.row_offset))
 
 
+def forward_width(opts: SelfSpecOptions) -> int:
+  """Slots of a round's forward: k + 1 clean slots and k + 1 mask blocks of k + 1."""
+  return (opts.draft_length + 1) * (opts.draft_length + 2)
+
+
 def _capacity(p: int, opts: SelfSpecOptions) -> int:
-  """Cache slots: P + G, or the widest forward (2k + 2 slots) if larger."""
-  return max(p + opts.gen_length, 2 * opts.draft_length + 2)
+  """Cache slots: P + G (a forward writes its k + 1 <= G + 1 clean slots only)."""
+  return p + opts.gen_length
 
 
 def output(cfg: ModelConfig, opts: SelfSpecOptions, state: SelfSpecState):
@@ -240,12 +260,13 @@ def check(cfg: ModelConfig, tokens, valid, opts: SelfSpecOptions) -> None:
 
 
 def check_capacity(cfg: ModelConfig, prompt_len: int, opts: SelfSpecOptions) -> None:
-  """Raises ValueError unless the cache at this prompt width (`_capacity`: P + G, or the
-  widest forward's 2k + 2 slots) fits the model window."""
-  if _capacity(prompt_len, opts) > cfg.max_seq_len:
-    raise ValueError(f"a self-speculative forward carries 2 * draft_length + 2 = "
-                     f"{2 * opts.draft_length + 2} slots, more than max_seq_len="
-                     f"{cfg.max_seq_len}; lower draft_length.")
+  """Raises ValueError unless a round's forward ((k + 1)(k + 2) slots) fits the model
+  window."""
+  del prompt_len  # the prompt and G are checked against the window with the prompts
+  if forward_width(opts) > cfg.max_seq_len:
+    raise ValueError(f"a self-speculative forward carries (draft_length + 1) * "
+                     f"(draft_length + 2) = {forward_width(opts)} slots, more than "
+                     f"max_seq_len={cfg.max_seq_len}; lower draft_length.")
 
 
 # ----------------------------------------------------------------------------- the decoder

@@ -108,8 +108,10 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x: Array, positions: Array, query_ids: Array, key_ids: Array,
-               cache_k: Array | None, cache_v: Array | None):
-    """x: [B, T, D]; positions/query_ids: [B, T]; key_ids: [B, S] for cache ++ chunk.
+               cache_k: Array | None, cache_v: Array | None,
+               branches: tuple[Array, Array] | None = None):
+    """x: [B, T, D]; positions/query_ids: [B, T]; key_ids: [B, S] for cache ++ chunk;
+    branches: None, or (query [B, T], key [B, S]) branch ids (masks.visibility).
 
     Returns (out [B, T, D], (k, v) [B, T, K, Dh] of the chunk after RoPE).
     """
@@ -137,7 +139,8 @@ class Attention(nn.Module):
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)         # [B, K, S, Dh]
     scores = jnp.einsum("bkgtd,bksd->bkgts", q, k,
                         preferred_element_type=jnp.float32) / jnp.sqrt(jnp.float32(dh))
-    visible = masks.visibility(query_ids, key_ids)[:, None, None]  # [B, 1, 1, T, S]
+    visible = masks.visibility(query_ids, key_ids,
+                               *(branches or (None, None)))[:, None, None]  # [B, 1, 1, T, S]
     scores = jnp.where(visible, scores, masks.MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(cfg.jnp_dtype)
     out = jnp.einsum("bkgts,bksd->bkgtd", probs, v)                  # [B, K, G, T, Dh]

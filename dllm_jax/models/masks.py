@@ -11,6 +11,11 @@ so the three patterns the package needs are three ways of numbering tokens:
   block_causal    ids = 0 on the prompt,    -> the prompt sees the prompt; answer block b
                   1 + (i - P) // k after       sees the prompt, blocks < b and itself
 
+A chunk may also carry *branch* ids (0 = the shared trunk): a key on branch b > 0 is seen
+only by queries on the same branch (still under the id rule), so one forward can hold
+several sibling continuations of one prefix that never see each other (self-speculation's
+mask blocks, one per acceptance outcome). Cached keys are always on the trunk.
+
 Padding and empty cache slots get `NO_KEY` (int32 max): no query ever sees them. Because
 the rule only compares ids, the same code attends over a K/V cache (whose slots keep the
 ids they were written with) plus a chunk of new tokens, under any pattern.
@@ -82,9 +87,17 @@ def key_ids(block_ids: jnp.ndarray, valid: jnp.ndarray | None) -> jnp.ndarray:
   return jnp.where(valid, block_ids, NO_KEY).astype(jnp.int32)
 
 
-def visibility(query_ids: jnp.ndarray, key_ids_: jnp.ndarray) -> jnp.ndarray:
-  """[B, T] query ids, [B, S] key ids -> [B, T, S] bool, True where the key is visible."""
-  return (key_ids_[:, None, :] <= query_ids[:, :, None]) & (key_ids_[:, None, :] != NO_KEY)
+def visibility(query_ids: jnp.ndarray, key_ids_: jnp.ndarray,
+               query_branch: jnp.ndarray | None = None,
+               key_branch: jnp.ndarray | None = None) -> jnp.ndarray:
+  """[B, T] query ids, [B, S] key ids -> [B, T, S] bool, True where the key is visible.
+  With branches ([B, T] and [B, S] ints, 0 = trunk), a key on branch b > 0 is visible only
+  to queries on branch b."""
+  visible = (key_ids_[:, None, :] <= query_ids[:, :, None]) & (key_ids_[:, None, :] != NO_KEY)
+  if key_branch is None:
+    return visible
+  kb = key_branch[:, None, :]
+  return visible & ((kb == 0) | (kb == query_branch[:, :, None]))
 
 
 def left_pad_positions(valid: jnp.ndarray) -> jnp.ndarray:

@@ -36,12 +36,12 @@ class Block(nn.Module):
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, x, layer_kv, positions, query_ids, key_ids):
+  def __call__(self, x, layer_kv, positions, query_ids, key_ids, branches=None):
     cfg = self.cfg
     norm = lambda name: RMSNorm(cfg.norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name=name)
     cache_k, cache_v = layer_kv if layer_kv is not None else (None, None)
     attn_out, new_kv = Attention(cfg, self.deterministic, name="attn")(
-        norm("attn_norm")(x), positions, query_ids, key_ids, cache_k, cache_v)
+        norm("attn_norm")(x), positions, query_ids, key_ids, cache_k, cache_v, branches)
     x = x + attn_out
     x = x + MLP(cfg, name="mlp")(norm("mlp_norm")(x))
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
@@ -55,7 +55,8 @@ class Transformer(nn.Module):
   @nn.compact
   def __call__(self, tokens: Array, *, block_ids: Array, positions: Array | None = None,
                valid: Array | None = None, cache: kvc.KVCache | None = None,
-               write_len: Array | int | None = None, deterministic: bool = True,
+               write_len: Array | int | None = None, branch_ids: Array | None = None,
+               deterministic: bool = True,
                return_hidden: bool = False, input_embeddings: Array | None = None,
                head: bool = True):
     """Runs T tokens, attending to `cache` (if any) plus themselves.
@@ -67,7 +68,9 @@ class Transformer(nn.Module):
       valid: [B, T] bool, False on padding (padding is never attended to).
       cache: a KVCache to read; when given, the call also returns the updated cache.
       write_len: [B] or int, how many of the T tokens (from the left) each row writes into
-        the cache; default all T.
+        the cache; default all T. Only trunk tokens (branch 0) may be written.
+      branch_ids: [B, T] (or [T]) int branch of each token (masks.visibility): a token on
+        branch b > 0 is seen only by tokens of its own branch; None = all on the trunk.
       deterministic: disables LoRA dropout when True.
       return_hidden: also return the final hidden states [B, T, D].
       input_embeddings: [B, T, D] used instead of looking `tokens` up (soft prompts,
@@ -81,7 +84,7 @@ class Transformer(nn.Module):
       if `return_hidden`.
     """
     cfg = self.cfg
-    batch, t = _check_inputs(cfg, tokens, cache)
+    batch, t = _check_inputs(cfg, tokens, cache, write_len)
     if positions is None:
       start = cache.length[:, None] if cache is not None else 0
       positions = start + jnp.arange(t, dtype=jnp.int32)[None, :]
@@ -105,11 +108,18 @@ class Transformer(nn.Module):
       block_cls = nn.remat(Block, policy=_REMAT[cfg.remat_policy], prevent_cse=False)
     layers = nn.scan(
         block_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.n_layers,
+        in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+        length=cfg.n_layers,
         unroll=1 if cfg.scan_layers else cfg.n_layers,
         metadata_params={nn.PARTITION_NAME: "layers"})(cfg, deterministic, name="layers")
     layer_kv = (cache.k, cache.v) if cache is not None else None
-    x, new_kv = layers(x, layer_kv, positions, query_ids, key_ids)
+    branches = None
+    if branch_ids is not None:
+      query_branch = jnp.broadcast_to(branch_ids, (batch, t)).astype(jnp.int32)
+      key_branch = query_branch if cache is None else jnp.concatenate(
+          [jnp.zeros(cache.block_ids.shape, jnp.int32), query_branch], axis=1)
+      branches = (query_branch, key_branch)
+    x, new_kv = layers(x, layer_kv, positions, query_ids, key_ids, branches)
 
     hidden = RMSNorm(cfg.norm_eps, cfg.jnp_dtype, cfg.jnp_param_dtype, name="final_norm")(x)
     if not head:
@@ -175,8 +185,9 @@ def project(params, cfg: ModelConfig, hidden: Array, at: Array | None = None) ->
   return _floor_inactive(cfg, logits.astype(jnp.float32))
 
 
-def _check_inputs(cfg: ModelConfig, tokens, cache):
-  """Static checks with errors that say what to change."""
+def _check_inputs(cfg: ModelConfig, tokens, cache, write_len=None):
+  """Static checks with errors that say what to change. A static int `write_len` bounds
+  the slots the chunk writes (the rest, e.g. draft mask blocks, are read and dropped)."""
   if tokens.ndim != 2:
     raise ValueError(f"tokens must have shape [batch, length], got {tokens.shape}.")
   if not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -190,16 +201,17 @@ def _check_inputs(cfg: ModelConfig, tokens, cache):
   if cache is not None:
     if cache.batch_size != batch:
       raise ValueError(f"cache holds {cache.batch_size} rows but tokens have {batch}.")
-    if t > cache.capacity:
+    written = write_len if isinstance(write_len, (int, np.integer)) else t
+    if written > cache.capacity:
       raise ValueError(
-          f"a chunk of {t} tokens cannot fit a cache of {cache.capacity} slots; "
+          f"a chunk writing {written} tokens cannot fit a cache of {cache.capacity} slots; "
           "allocate a larger cache with init_cache(..., capacity=...).")
     if cache.k.dtype != cfg.jnp_dtype:
       raise ValueError(
           f"cache dtype {cache.k.dtype} differs from the model compute dtype {cfg.dtype}; "
           "create it with init_cache(cfg, ...).")
     if not isinstance(cache.length, jax.core.Tracer):
-      longest = int(np.max(np.asarray(cache.length))) + t
+      longest = int(np.max(np.asarray(cache.length))) + written
       if longest > cache.capacity:
         raise ValueError(
             f"cache overflow: {longest} slots needed but the cache holds {cache.capacity}; "

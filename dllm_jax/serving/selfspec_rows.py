@@ -18,9 +18,7 @@ Admission runs round 0 (the forward over prompt ++ k + 1 masks: the first token 
 first draft); a step is one round for every slot (one forward: verify, commit, roll the
 cache back, draft). The cache holds each row's prompt in its first p slots and its response
 after them, so `pad` prepends P - p empty slots (`rows.prepend_cache_slots`): positions are
-the row's own, counted from its first real token. (Where the widest forward, 2k + 2 slots,
-exceeds p + G, `init` first left-pads the prompt to 2k + 2 - G, so the cache capacity is
-always the prompt width + G.) NFE: one forward per round.
+the row's own, counted from its first real token. NFE: one forward per round.
 """
 
 from __future__ import annotations
@@ -56,18 +54,13 @@ class SelfSpecRows(rows.RowDecoder):
     selfspec.check(cfg, tokens, valid, opts)
 
   def init(self, params, cfg, static, traced, tokens, valid, keys, mesh=None, rules=None):
-    # Left-padded to `_prompt_width`, so the cache is [prompt width | G] and `pad` can read
-    # the width off its capacity (padding slots are empty; positions are the row's own).
-    extra = _prompt_width(tokens.shape[1], static) - tokens.shape[1]
-    tokens = rows.pad_axis(tokens, 1, extra, 0, base.output_pad_id(cfg))
-    valid = rows.pad_axis(valid, 1, extra, 0, False)
     return selfspec._init(params, tokens, valid, keys, cfg=cfg, opts=static)
 
   def pad(self, cfg, static, state, prompt_len: int):
+    # The cache is [prompt width | G]: pad the prompt slots (empty; positions are the row's).
     width = state.cache.capacity - static.gen_length
     return state.replace(cache=rows.prepend_cache_slots(
-        state.cache, _prompt_width(prompt_len, static) - width,
-        selfspec._capacity(prompt_len, static)))
+        state.cache, prompt_len - width, selfspec._capacity(prompt_len, static)))
 
   def step(self, params, cfg, static, state, mesh=None, rules=None):
     return selfspec._step(params, state, cfg=cfg, opts=static)
@@ -79,12 +72,6 @@ class SelfSpecRows(rows.RowDecoder):
     # response[:n] is committed (final); a row's forwards are its rounds (one each), as
     # `selfspec_generate` counts a one-row batch.
     return state.response, state.n, state.done, state.finite, state.rounds
-
-
-def _prompt_width(p: int, opts: selfspec.SelfSpecOptions) -> int:
-  """The prompt slots of a row's cache admitted at bucket p: p, or more where the widest
-  forward (2k + 2 slots) exceeds p + G, so that the cache capacity is always width + G."""
-  return max(p, selfspec._capacity(p, opts) - opts.gen_length)
 
 
 rows.register(selfspec.SelfSpecDecoder, SelfSpecRows())
