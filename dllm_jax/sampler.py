@@ -172,7 +172,7 @@ class Sampler:
   @classmethod
   def load(cls, path, method: str = registry.DEFAULT_METHOD, *, kind: str = "auto", dtype: str | None = None,
            adapter=None, merge_lora: bool = False, step: int | None = None, mesh=None,
-           drafter_model=None, **options) -> "Sampler":
+           drafter_model=None, strict: bool = True, **options) -> "Sampler":
     """A sampler for a checkpoint directory or "demo" (see the module docstring).
 
     Args:
@@ -189,6 +189,8 @@ class Sampler:
         ids when decoding). With path "demo" it defaults to the demo's drafter (the model
         trained with the decoder's `drafter_attention`, or for speculative the one its
         `drafter` option decodes with).
+      strict: False loads a HF checkpoint whose files hold tensors the model does not use
+        (a warning names them); by default that is an error (`loading.load_model`).
       **options: decoder options; they override the defaults a run or the demo provides.
     """
     from dllm_jax import loading  # the file formats; kept apart from the sampling logic
@@ -199,7 +201,7 @@ class Sampler:
     if drafter_model is None and loading.is_demo(path, kind) and "drafter" in options:
       drafter_model = "demo"  # speculative's drafter kind picks the demo model it drafts with
     model = loading.load_model(path, method, kind=kind, dtype=dtype, adapter=adapter,
-                               merge_lora=merge_lora, step=step, mesh=mesh)
+                               merge_lora=merge_lora, step=step, mesh=mesh, strict=strict)
     options = {**model.options(method), **options}
     if drafter_model is not None:
       options.update(load_drafter(drafter_model, method, options, dtype=dtype, mesh=mesh))
