@@ -337,7 +337,7 @@ def plan(cfg: ModelConfig, *, method: str = registry.DEFAULT_METHOD, mesh=None,
       total_bytes=total, budget_bytes=budget)
   if budget is not None and total > budget:
     fixes = _fixes(cfg, method, dict(mesh or {}), int(batch), int(prompt_len), options, mode,
-                   rules, budget, drafter_cfg) if suggest else []
+                   data_parallel, rules, budget, drafter_cfg) if suggest else []
     report = dataclasses.replace(report, refusal=_refusal(report, fixes))
   return report
 
@@ -367,13 +367,14 @@ def _gathered_layer_bytes(boxed, mesh, rules, n_layers: int) -> int:
   return full // n_layers
 
 
-def _fixes(cfg, method, mesh, batch, prompt_len, options, mode, rules, budget,
+def _fixes(cfg, method, mesh, batch, prompt_len, options, mode, data_parallel, rules, budget,
            drafter_cfg) -> list[str]:
   """Single changes that make the plan fit, in the order a user would try them."""
   found = []
+
   def fits(**change) -> bool:
     kwargs = dict(method=method, mesh=mesh, batch=batch, prompt_len=prompt_len,
-                  data_parallel=mode, rules=rules, device_memory=budget,
+                  data_parallel=data_parallel, rules=rules, device_memory=budget,
                   drafter_cfg=drafter_cfg, suggest=False,
                   **{k: v for k, v in options.items()
                      if k not in ("drafter_cfg", "drafter_params")})
@@ -383,21 +384,30 @@ def _fixes(cfg, method, mesh, batch, prompt_len, options, mode, rules, budget,
     except ValueError:
       return False
 
-  # the axis that shards the params in this mode: fsdp under spmd, tensor under shard_map
-  axis = "fsdp" if mode == "spmd" else "tensor"
-  for factor in (2, 4, 8, 16, 32):
-    bigger = dict(mesh, **{axis: mesh.get(axis, 1) * factor})
-    if fits(mesh=bigger):
-      found.append(f"mesh {json.dumps(bigger)}")
-      break
-  if mode == "shard_map" and any(mesh.get(a, 1) > 1 for a in ("fsdp",)) and fits(
-      data_parallel="spmd"):
+  def grown(axis):
+    for factor in (2, 4, 8, 16, 32):
+      bigger = dict(mesh, **{axis: mesh.get(axis, 1) * factor})
+      if fits(mesh=bigger, data_parallel="spmd" if axis == "fsdp" else data_parallel):
+        return bigger
+    return None
+
+  # shard_map (the default once the batch is split) replicates the params over the data
+  # axes, spmd keeps them sharded over fsdp; tensor parallelism shards them in either mode
+  spmd = mode == "shard_map" and mesh.get("fsdp", 1) > 1 and fits(data_parallel="spmd")
+  if spmd:
     found.append("data_parallel=spmd (params stay sharded over fsdp; shard_map replicates "
                  "them over the data axes)")
+  bigger = grown("tensor")
+  if bigger:
+    found.append(f"mesh {_mesh_json(bigger)}")
+  bigger = None if spmd or data_parallel == "shard_map" else grown("fsdp")
+  if bigger:
+    found.append(f"mesh {_mesh_json(bigger)}" +
+                 ("" if data_parallel == "spmd" else " with data_parallel=spmd"))
   smaller = batch // 2
   while smaller >= 1:
     if fits(batch=smaller):
-      found.append(f"batch {smaller}")
+      found.append(f"batch={smaller}")
       break
     smaller //= 2
   g = options.get("gen_length")
@@ -411,11 +421,15 @@ def _fixes(cfg, method, mesh, batch, prompt_len, options, mode, rules, budget,
   return found
 
 
+def _mesh_json(shape: dict) -> str:
+  return json.dumps({a: n for a, n in shape.items() if n > 1})
+
+
 def _refusal(report: DryRun, fixes: list[str]) -> str:
   parts = (f"params {_gib(report.param_bytes + report.working_param_bytes)}, K/V cache "
            f"{_gib(report.cache_bytes)}, activations {_gib(report.activation_bytes)}")
   head = (f"does not fit: {_gib(report.total_bytes)} per device > {_gib(report.budget_bytes)} "
-          f"on mesh {json.dumps(report.mesh)} ({parts})")
+          f"on mesh {_mesh_json(report.mesh)} ({parts})")
   if fixes:
     return f"{head}; it fits with {' or '.join(fixes)}."
   return (f"{head}; no single change of the mesh (up to 32x), batch or G makes it fit: "

@@ -137,6 +137,8 @@ class Sampler:
     prompt_len: prompts are left padded to at least this many tokens (a training run's
       fixed prompt region), or None.
     mesh: a `jax.sharding.Mesh` to decode on, or None for one device.
+    data_parallel: with a mesh, `decoding.generate`'s data_parallel ("shard_map" or "spmd";
+      None: its default).
   """
   params: Any
   cfg: ModelConfig
@@ -145,10 +147,12 @@ class Sampler:
   options: Mapping[str, Any]
   prompt_len: int | None
   mesh: Any
+  data_parallel: str | None
 
   def __init__(self, params, cfg: ModelConfig, tokenizer,
                method: str = registry.DEFAULT_METHOD, *,
-               prompt_len: int | None = None, mesh=None, **options):
+               prompt_len: int | None = None, mesh=None, data_parallel: str | None = None,
+               **options):
     decoding.api.check_options(method, options)  # also rejects an unknown method
     if takes_drafter(method) and (options.get("drafter_params") is None
                                   or options.get("drafter_cfg") is None):
@@ -156,13 +160,14 @@ class Sampler:
                        "and drafter_cfg=, or Sampler.load(..., drafter_model=<dir>).")
     for name, value in (("params", params), ("cfg", cfg), ("tokenizer", tokenizer),
                         ("method", method), ("options", dict(options)),
-                        ("prompt_len", prompt_len), ("mesh", mesh)):
+                        ("prompt_len", prompt_len), ("mesh", mesh),
+                        ("data_parallel", data_parallel)):
       object.__setattr__(self, name, value)
 
   def replace(self, **changes) -> "Sampler":
     """A copy with fields changed; `options=` replaces the options, other keys are options."""
     fields = {f: getattr(self, f) for f in ("params", "cfg", "tokenizer", "method",
-                                            "prompt_len", "mesh")}
+                                            "prompt_len", "mesh", "data_parallel")}
     options = dict(changes.pop("options", self.options))
     for key in list(changes):
       if key in fields:
@@ -257,7 +262,8 @@ class Sampler:
     tokens, valid = self.encode(prompts)
     out = jax.device_get(decoding.generate(
         self.params, self.cfg, (tokens, valid), method=self.method, rng=_key(rng, seed),
-        mesh=self.mesh, **self._decode_options(max_new_tokens)))
+        mesh=self.mesh, data_parallel=self.data_parallel,
+        **self._decode_options(max_new_tokens)))
     response, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     texts = [self._text(response[i, :lengths[i]], stop) for i in range(len(tokens))]
     text = texts[0] if single else texts
