@@ -137,8 +137,9 @@ class DryRun:
             ("K/V cache", self.cache_bytes), ("decode state", self.state_bytes),
             (f"activations (T={self.forward_tokens}, S={self.forward_keys})",
              self.activation_bytes), ("total", self.total_bytes)]
-    lines = [f"dry run: {self.model}, method {self.method}, mesh {mesh} ({self.devices} "
-             f"device{'s' if self.devices > 1 else ''}, {self.data_parallel}), batch {self.batch} -> {self.padded_batch} "
+    devices = f"{self.devices} device{'s' if self.devices > 1 else ''}"
+    lines = [f"dry run: {self.model}, method {self.method}, mesh {mesh} ({devices}, "
+             f"{self.data_parallel}), batch {self.batch} -> {self.padded_batch} "
              f"({self.rows_per_device} per device), prompt {self.prompt_len} -> "
              f"{self.padded_prompt_len}, gen_length {self.gen_length}, {self.dtype}",
              f"{'per device':<40} {'bytes':>15} {'GiB':>9}"]
@@ -442,8 +443,8 @@ def checkpoint_config(path, *, dtype: str | None = None, adapter=None,
                       merge_lora: bool = False) -> ModelConfig:
   """The ModelConfig of a checkpoint directory, from its config files only (no weights).
 
-  HF directories (config.json) read as `checkpoints.hf.config_from_json`; an adapter adds
-  its LoRA rank (from adapter_config.json) unless merged. Converted directories read
+  HF directories (config.json) read as `checkpoints.hf.config_without_weights`; an adapter
+  adds its LoRA rank (from adapter_config.json) unless merged. Converted directories read
   model_config.json.
   """
   path = Path(path)
@@ -452,7 +453,7 @@ def checkpoint_config(path, *, dtype: str | None = None, adapter=None,
     cfg = convert.config_from_json((path / convert.CONFIG_FILE).read_text(),
                                    str(path / convert.CONFIG_FILE))
     return cfg if dtype is None else cfg.replace(param_dtype=dtype, dtype=dtype)
-  cfg, _ = hf.config_from_json(path, dtype)
+  cfg, _ = hf.config_without_weights(path, dtype)
   if adapter is not None and not merge_lora:
     config = hf.read_json(Path(adapter) / "adapter_config.json")
     if not config:

@@ -103,7 +103,8 @@ def config_from_hf(model_dir, dtype: str | None = None) -> tuple[ModelConfig, Fa
   return cfg, family
 
 
-def config_from_json(model_dir, dtype: str | None = None) -> tuple[ModelConfig, Family]:
+def config_without_weights(model_dir,
+                           dtype: str | None = None) -> tuple[ModelConfig, Family]:
   """ModelConfig and family from config.json (and the tokenizer files) alone.
 
   No safetensors file is opened, so this works on a directory that holds no weights (a dry
