@@ -166,3 +166,11 @@ def test_an_adapter_adds_its_lora_leaves(dirs, tmp_path):
                                  gen_length=64)
   # lora_a [L, in, r] and lora_b [L, r, out] on q, k, v, o (4096 -> 4096 each), bf16
   assert lora.param_bytes - base.param_bytes == 4 * 32 * (4096 * 32 + 32 * 4096) * BF16
+
+
+def test_the_cli_data_parallel_flag_reaches_the_sampler():
+  args = generate.build_parser().parse_args(
+      ["--preset", "tiny", "--method", "ar", "--prompt", "hi", "--data_parallel", "spmd"])
+  sampler = generate.make_sampler(args)
+  assert sampler.data_parallel == "spmd"
+  assert sampler.replace(gen_length=4).data_parallel == "spmd"
