@@ -16,14 +16,22 @@
   # random weights of a preset (a smoke test of a decoder; the text is noise)
   python -m dllm_jax.generate --preset tiny --method llada --prompt hello --gen_length 16
 
+  # dry run: bytes per device of a plan, from config.json alone (no weights read), and a
+  # one-line refusal naming the change when it does not fit the device memory
+  python -m dllm_jax.generate --model /ckpt/LLaDA-8B-Instruct --adapter /ckpt/D2F_LLaDA_LoRA \
+      --method d2f --opt block_length=32 --dry_run --mesh '{"fsdp": 8}' --data_parallel spmd \
+      --batch 8 --prompt_len 512 --gen_length 256 --device_memory 16GiB
+
 The model directory kind is detected (see dllm_jax.loading); its tokenizer, chat template and
 special ids come with it. Everything runs through `dllm_jax.sampler.Sampler`. Decoder options
 are repeated `--opt key=value` flags (numbers, nan/inf, true/false, none, strings), checked by
 the decoder; `--batch_invariant` is `--opt batch_invariant=true` (rank on a grid, so an answer
 is the same alone and in a batch). Prints each answer on stdout and tokens/s, NFE and wall
 time on stderr (`--json`: one JSON object). Mistakes (a missing directory, an unknown option,
-a prompt too long for the model window, a damaged checkpoint...) print one `error: ...` line
-and exit with status 2; `--debug` shows the traceback instead.
+a prompt too long for the model window, a damaged checkpoint, a checkpoint holding tensors the
+model does not use: `--allow_unused_weights` loads it with a warning...) print one `error: ...`
+line and exit with status 2; `--debug` shows the traceback instead. A dry run that does not
+fit prints its table, then the refusal as that line.
 """
 
 from __future__ import annotations
@@ -95,8 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "a second model (speculative, adaptive; --model demo brings its own); "
                       "speculative's drafter kind is --opt drafter=ar|d2f|block_diffusion|"
                       "selfspec")
-  p.add_argument("--prompt", action="append", required=True,
-                 help="prompt text; repeat for a batch")
+  p.add_argument("--prompt", action="append", default=[],
+                 help="prompt text; repeat for a batch (required unless --dry_run)")
   p.add_argument("--no_chat_template", action="store_true",
                  help="feed the raw prompt instead of the model's chat template")
   p.add_argument("--gen_length", "--max_new_tokens", dest="gen_length", type=int,
@@ -106,6 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
                  help="HF checkpoints: convert to this dtype (default: the checkpoint's own)")
   p.add_argument("--mesh", default=None,
                  help='mesh shape as JSON, e.g. \'{"tensor": 8}\'; default: one device')
+  p.add_argument("--data_parallel", choices=("shard_map", "spmd"), default=None,
+                 help="with a mesh that splits the batch: shard_map (the default; params "
+                      "replicated over the data axes) or spmd (params stay fsdp-sharded)")
+  p.add_argument("--allow_unused_weights", action="store_true",
+                 help="load a HF checkpoint whose files hold tensors the model does not use "
+                      "(a warning names them) instead of refusing it")
+  p.add_argument("--dry_run", "--dry-run", dest="dry_run", action="store_true",
+                 help="print the bytes per device the decode needs (from config.json alone; "
+                      "no weights are read) and refuse a plan that does not fit")
+  p.add_argument("--batch", type=int, help="--dry_run: prompts per call (default: the "
+                 "number of --prompt, else 1)")
+  p.add_argument("--prompt_len", type=int, help="--dry_run: prompt tokens (default: the "
+                 "longest --prompt, encoded by the checkpoint's tokenizer)")
+  p.add_argument("--device_memory", help="--dry_run: memory per device, e.g. 16GiB "
+                 "(default: what the first device reports; none on a CPU)")
   p.add_argument("--opt", action="append", type=_parse_opt, default=[],
                  help="decoder option key=value (e.g. block_length=32, tau_conf=0.9)")
   p.add_argument("--batch_invariant", action="store_true",
@@ -155,6 +178,15 @@ def check_args(args) -> dict[str, int] | None:
   if args.drafter_model is not None and args.method not in drafter_methods:
     raise UsageError(f"--drafter_model applies to --method {' or '.join(drafter_methods)}, "
                      f"not {args.method}.")
+  if not args.prompt and not args.dry_run:
+    raise UsageError("pass --prompt TEXT (repeat it for a batch), or --dry_run to plan.")
+  if args.dry_run and (args.model == "demo" or args.workdir):
+    raise UsageError("--dry_run reads a HF or converted checkpoint's config (--model DIR) or "
+                     "a --preset; the demo and training workdirs are small: just run them.")
+  if not args.dry_run:
+    unused = [f for f in ("batch", "prompt_len", "device_memory") if getattr(args, f) is not None]
+    if unused:
+      raise UsageError(f"--{unused[0]} applies to --dry_run; pass --prompt for each prompt.")
   return _mesh_shape(args.mesh)
 
 
@@ -194,20 +226,73 @@ def make_sampler(args):
   else:
     from dllm_jax.parallel import mesh as mesh_lib
     mesh = mesh_lib.make_mesh(shape)
-  options = dict(args.opt)
-  if args.batch_invariant:
-    options["batch_invariant"] = True
-  if args.gen_length is not None:
-    options["gen_length"] = args.gen_length
+  options = _decoder_options(args)
+  if args.data_parallel is not None:
+    options["data_parallel"] = args.data_parallel
   if args.preset:
     return _preset_sampler(args, mesh, options)
   path, kind = (args.workdir, "workdir") if args.workdir else (args.model, "auto")
   sampler = Sampler.load(path, args.method, kind=kind, dtype=args.dtype, adapter=args.adapter,
                          merge_lora=args.merge_lora, step=args.step, mesh=mesh,
-                         drafter_model=args.drafter_model, **options)
+                         drafter_model=args.drafter_model,
+                         strict=not args.allow_unused_weights, **options)
   if "gen_length" not in sampler.options:
     sampler = sampler.replace(gen_length=DEFAULT_GEN_LENGTH)
   return sampler
+
+
+def _decoder_options(args) -> dict:
+  options = dict(args.opt)
+  if args.batch_invariant:
+    options["batch_invariant"] = True
+  if args.gen_length is not None:
+    options["gen_length"] = args.gen_length
+  return options
+
+
+def dry_run(args) -> int:
+  """--dry_run: the plan's bytes per device (table, or --json), then DoesNotFit (one
+  `error:` line) when it exceeds the device memory."""
+  shape = check_args(args)
+  from dllm_jax import dry_run as dry_run_lib
+  options = _decoder_options(args)
+  if args.preset:
+    from dllm_jax.models import get_preset
+    cfg = get_preset(args.preset)
+    if args.dtype:
+      cfg = cfg.replace(param_dtype=args.dtype, dtype=args.dtype)
+    default_gen = DEFAULT_PRESET_GEN_LENGTH
+  else:
+    cfg = dry_run_lib.checkpoint_config(args.model, dtype=args.dtype, adapter=args.adapter,
+                                        merge_lora=args.merge_lora)
+    default_gen = DEFAULT_GEN_LENGTH
+  options.setdefault("gen_length", default_gen)
+  if args.drafter_model is not None:
+    options["drafter_cfg"] = dry_run_lib.checkpoint_config(args.drafter_model,
+                                                           dtype=args.dtype)
+  budget = args.device_memory if args.device_memory is not None else \
+      dry_run_lib.device_memory()
+  report = dry_run_lib.plan(
+      cfg, method=args.method, mesh=shape, batch=args.batch or max(len(args.prompt), 1),
+      prompt_len=_dry_run_prompt_len(args), data_parallel=args.data_parallel,
+      device_memory=budget, **options)
+  print(json.dumps(report.to_dict()) if args.json else report.table())
+  report.check()
+  return 0
+
+
+def _dry_run_prompt_len(args) -> int:
+  if args.prompt_len is not None:
+    return args.prompt_len
+  if not args.prompt or args.preset:
+    raise UsageError("--dry_run needs the prompt length: pass --prompt_len N (or --prompt "
+                     "TEXT with a --model that has tokenizer.json).")
+  from dllm_jax import checkpoints
+  from dllm_jax.sampler import encode_chat, encode_text
+  tokenizer = checkpoints.load_tokenizer(args.model)
+  chat = not args.no_chat_template and getattr(tokenizer, "chat_template", None)
+  return max(len(encode_chat(tokenizer, [{"role": "user", "content": p}]) if chat
+                 else encode_text(tokenizer, p)) for p in args.prompt)
 
 
 def _prompts(args, sampler) -> list:
@@ -218,6 +303,8 @@ def _prompts(args, sampler) -> list:
 
 
 def run(args) -> int:
+  if args.dry_run:
+    return dry_run(args)
   sampler = make_sampler(args)  # checks the flags first, then loads JAX and the model
   import jax
   import numpy as np

@@ -96,8 +96,12 @@ def detect_kind(path: Path) -> str:
 
 def load_model(path, method: str, *, kind: str = "auto", dtype: str | None = None,
                adapter=None, merge_lora: bool = False, step: int | None = None,
-               mesh=None) -> LoadedModel:
-  """Loads `path` ("demo" or a directory) for decoding with `method` (see the module doc)."""
+               mesh=None, strict: bool = True) -> LoadedModel:
+  """Loads `path` ("demo" or a directory) for decoding with `method` (see the module doc).
+
+  `strict=False` lets a HF checkpoint hold tensors the model does not use (ignored with a
+  warning naming them; see `checkpoints.hf.check_tensors`); by default that is an error.
+  """
   registry.check(method)  # an unknown method fails before any loading
   if kind not in ("auto", "demo", *KINDS):
     raise ValueError(f"kind={kind!r} is unknown; use 'auto', 'demo' or one of {KINDS}.")
@@ -126,7 +130,7 @@ def load_model(path, method: str, *, kind: str = "auto", dtype: str | None = Non
   from dllm_jax import checkpoints
   if found == "hf":
     cfg, params = checkpoints.load_pretrained(path, dtype=dtype, mesh=mesh, adapter_dir=adapter,
-                                              merge_lora=merge_lora)
+                                              merge_lora=merge_lora, strict=strict)
   else:
     cfg, params = checkpoints.load_converted(path, mesh=mesh)
   if not (path / "tokenizer.json").is_file():

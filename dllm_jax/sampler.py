@@ -137,6 +137,8 @@ class Sampler:
     prompt_len: prompts are left padded to at least this many tokens (a training run's
       fixed prompt region), or None.
     mesh: a `jax.sharding.Mesh` to decode on, or None for one device.
+    data_parallel: with a mesh, `decoding.generate`'s data_parallel ("shard_map" or "spmd";
+      None: its default).
   """
   params: Any
   cfg: ModelConfig
@@ -145,10 +147,12 @@ class Sampler:
   options: Mapping[str, Any]
   prompt_len: int | None
   mesh: Any
+  data_parallel: str | None
 
   def __init__(self, params, cfg: ModelConfig, tokenizer,
                method: str = registry.DEFAULT_METHOD, *,
-               prompt_len: int | None = None, mesh=None, **options):
+               prompt_len: int | None = None, mesh=None, data_parallel: str | None = None,
+               **options):
     decoding.api.check_options(method, options)  # also rejects an unknown method
     if takes_drafter(method) and (options.get("drafter_params") is None
                                   or options.get("drafter_cfg") is None):
@@ -156,13 +160,14 @@ class Sampler:
                        "and drafter_cfg=, or Sampler.load(..., drafter_model=<dir>).")
     for name, value in (("params", params), ("cfg", cfg), ("tokenizer", tokenizer),
                         ("method", method), ("options", dict(options)),
-                        ("prompt_len", prompt_len), ("mesh", mesh)):
+                        ("prompt_len", prompt_len), ("mesh", mesh),
+                        ("data_parallel", data_parallel)):
       object.__setattr__(self, name, value)
 
   def replace(self, **changes) -> "Sampler":
     """A copy with fields changed; `options=` replaces the options, other keys are options."""
     fields = {f: getattr(self, f) for f in ("params", "cfg", "tokenizer", "method",
-                                            "prompt_len", "mesh")}
+                                            "prompt_len", "mesh", "data_parallel")}
     options = dict(changes.pop("options", self.options))
     for key in list(changes):
       if key in fields:
@@ -172,7 +177,7 @@ class Sampler:
   @classmethod
   def load(cls, path, method: str = registry.DEFAULT_METHOD, *, kind: str = "auto", dtype: str | None = None,
            adapter=None, merge_lora: bool = False, step: int | None = None, mesh=None,
-           drafter_model=None, **options) -> "Sampler":
+           drafter_model=None, strict: bool = True, **options) -> "Sampler":
     """A sampler for a checkpoint directory or "demo" (see the module docstring).
 
     Args:
@@ -189,6 +194,8 @@ class Sampler:
         ids when decoding). With path "demo" it defaults to the demo's drafter (the model
         trained with the decoder's `drafter_attention`, or for speculative the one its
         `drafter` option decodes with).
+      strict: False loads a HF checkpoint whose files hold tensors the model does not use
+        (a warning names them); by default that is an error (`loading.load_model`).
       **options: decoder options; they override the defaults a run or the demo provides.
     """
     from dllm_jax import loading  # the file formats; kept apart from the sampling logic
@@ -199,7 +206,7 @@ class Sampler:
     if drafter_model is None and loading.is_demo(path, kind) and "drafter" in options:
       drafter_model = "demo"  # speculative's drafter kind picks the demo model it drafts with
     model = loading.load_model(path, method, kind=kind, dtype=dtype, adapter=adapter,
-                               merge_lora=merge_lora, step=step, mesh=mesh)
+                               merge_lora=merge_lora, step=step, mesh=mesh, strict=strict)
     options = {**model.options(method), **options}
     if drafter_model is not None:
       options.update(load_drafter(drafter_model, method, options, dtype=dtype, mesh=mesh))
@@ -255,7 +262,8 @@ class Sampler:
     tokens, valid = self.encode(prompts)
     out = jax.device_get(decoding.generate(
         self.params, self.cfg, (tokens, valid), method=self.method, rng=_key(rng, seed),
-        mesh=self.mesh, **self._decode_options(max_new_tokens)))
+        mesh=self.mesh, data_parallel=self.data_parallel,
+        **self._decode_options(max_new_tokens)))
     response, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
     texts = [self._text(response[i, :lengths[i]], stop) for i in range(len(tokens))]
     text = texts[0] if single else texts

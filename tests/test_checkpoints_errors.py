@@ -79,7 +79,7 @@ def test_missing_tensor(tmp_path):
 
 def test_unexpected_tensor(tmp_path):
   _write(tmp_path, add={"model.layers.0.self_attn.q_norm.weight": np.ones(8, np.float32)})
-  with pytest.raises(ValueError, match=r"does not have.*q_norm"):
+  with pytest.raises(ValueError, match=r"does not use.*q_norm"):
     load_pretrained(tmp_path, dtype="float32")
 
 

@@ -320,6 +320,12 @@ def generate_cli(command: str, ws: Workspace) -> None:
   assert "tok/s" in out and "NFE" in out, out[-2000:]
 
 
+def dry_run_cli(command: str, ws: Workspace) -> None:
+  """A dry run reads config.json only: its table is printed and the plan fits the budget."""
+  out = run_shell(command)
+  assert "parameters (stored)" in out and "K/V cache" in out and "fits" in out, out[-2000:]
+
+
 def stand_in(command: str, ws: Workspace) -> None:
   """A download: the tiny checkpoint written at the path it names stands in for it."""
   local = re.search(r"--local-dir\s+(\S+)", command)
@@ -343,6 +349,9 @@ COMMAND_RULES: list[Rule] = [
          "run with TRAIN_OVERRIDES (2 steps of a tiny model)", train),
     Rule(r"python experiments/serve_bench\.py",
          "run with SERVE_OVERRIDES (8 requests at concurrency 2)", serve_bench),
+    Rule(r"python -m dllm_jax\.generate .*--dry_run.*",
+         "a dry run on the tiny LLaDA stand-in's config.json (no devices needed)",
+         dry_run_cli),
     Rule(r"python -m dllm_jax\.generate .*",
          "run on the tiny LLaDA + D2F adapter stand-ins, 8 fake CPU devices", generate_cli),
     Rule(r"huggingface-cli download \S+ --local-dir \S+",

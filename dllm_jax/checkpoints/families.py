@@ -43,6 +43,10 @@ class Family:
   parse_config: Callable[[dict, dict[str, tuple[int, ...]]], dict]
   export_config: Callable[[ModelConfig], dict]
   ignorable: tuple[str, ...] = ()       # regexes of stored buffers that are not parameters
+  # config.json keys that decide which tensors exist (named in loading errors)
+  tying_key: str = "tie_word_embeddings"
+  layers_key: str = "num_hidden_layers"
+  bias_key: str = "attention_bias"
 
   def hf_name(self, path: Path_, layer: int | None = None) -> str:
     """HF tensor name of our leaf `path` (in layer `layer` for stacked leaves)."""
@@ -229,6 +233,8 @@ def _qwen_layer_names() -> dict[Path_, str]:
 _QWEN_GLOBALS = {("embed", "embedding"): "model.embed_tokens.weight",
                  ("final_norm", "scale"): "model.norm.weight",
                  ("lm_head", "kernel"): "lm_head.weight"}
+# RoPE frequency buffers: older transformers versions saved them with the weights; they are
+# recomputed from rope_theta (HF skips them on load too), so they are allowed by name.
 _QWEN_IGNORABLE = (r"\.rotary_emb\.inv_freq$",)
 
 _LLADA_LAYER = {
@@ -250,12 +256,15 @@ FAMILIES: dict[str, Family] = {
                     _QWEN_IGNORABLE),
     "qwen2": Family("qwen2", ("qwen2",), ("Qwen2ForCausalLM",), "model.layers.{i}.",
                     _qwen_layer_names(), _QWEN_GLOBALS, _parse_qwen2, _export_qwen2,
-                    _QWEN_IGNORABLE),
+                    _QWEN_IGNORABLE, bias_key="model_type"),
     "dream": Family("dream", ("dream",), ("DreamModel",), "model.layers.{i}.",
                     _qwen_layer_names(), _QWEN_GLOBALS, _parse_dream, _export_dream,
-                    _QWEN_IGNORABLE),
+                    _QWEN_IGNORABLE, bias_key="model_type"),
+    # LLaDA's RoPE buffers are not persistent: its files hold parameters only.
     "llada": Family("llada", ("llada",), ("LLaDAModelLM",), "model.transformer.blocks.{i}.",
-                    _LLADA_LAYER, _LLADA_GLOBALS, _parse_llada, _export_llada),
+                    _LLADA_LAYER, _LLADA_GLOBALS, _parse_llada, _export_llada,
+                    tying_key="weight_tying", layers_key="n_layers",
+                    bias_key="include_qkv_bias"),
 }
 
 

@@ -6,7 +6,9 @@ Order of work, so that every error comes before any tensor is read or anything c
   1. `config.json` -> family (llama / qwen2 / llada / dream) -> ModelConfig; special ids from
      config.json, generation_config.json and the tokenizer files (see tokenizer.py).
   2. Safetensors headers (single file or index + shards) are parsed and checked: every tensor
-     the config implies exists with the implied shape, and no tensor is left unexplained.
+     the config implies exists with the implied shape, and no tensor is left unexplained
+     (an unused one, such as a separate head under a tied config, is an error unless
+     `strict=False`).
   3. Placement is decided from `abstract_params(cfg)` (+ `param_shardings` on `mesh`).
   4. Tensors are read one at a time, transposed ([out, in] -> [in, out]) and converted on
      the host, and placed straight onto their sharding; stacked layer leaves are assembled on
@@ -23,6 +25,8 @@ Shapes: L layers, D d_model, V vocab, F mlp width, H/K heads, Dh head dim.
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 
 import ml_dtypes
@@ -99,6 +103,31 @@ def config_from_hf(model_dir, dtype: str | None = None) -> tuple[ModelConfig, Fa
   return cfg, family
 
 
+def config_without_weights(model_dir,
+                           dtype: str | None = None) -> tuple[ModelConfig, Family]:
+  """ModelConfig and family from config.json (and the tokenizer files) alone.
+
+  No safetensors file is opened, so this works on a directory that holds no weights (a dry
+  run). `dtype` None takes config.json's `torch_dtype` / `dtype` when it is one of
+  LOAD_DTYPES, else bfloat16.
+  """
+  model_dir = Path(model_dir)
+  config = read_config(model_dir)
+  family = detect_family(config, str(model_dir / "config.json"))
+  if dtype is None:
+    stored = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    dtype = stored if stored in LOAD_DTYPES else "bfloat16"
+  load_dtype(dtype)
+  fields = family.parse_config(config, {})
+  fields.update(special_token_ids(model_dir, config))
+  try:
+    cfg = ModelConfig(**fields, param_dtype=dtype, dtype=dtype,
+                      name=f"{family.name}:{model_dir.name}")
+  except ValueError as e:
+    raise ValueError(f"{model_dir}: the config implies an invalid model: {e}") from None
+  return cfg, family
+
+
 def hf_shape(path, shape) -> tuple[int, ...]:
   """HF shape of one (per-layer) leaf: kernels are stored transposed."""
   return tuple(shape)[::-1] if path[-1] == "kernel" else tuple(shape)
@@ -118,30 +147,74 @@ def tensor_plan(family: Family, cfg: ModelConfig, shapes) -> dict:
   return plan
 
 
-def check_tensors(store: TensorStore, plan: dict, family: Family, cfg: ModelConfig):
-  """Every implied tensor exists with its shape; no stored tensor is unexplained."""
+def check_tensors(store: TensorStore, plan: dict, family: Family, cfg: ModelConfig, *,
+                  strict: bool = True) -> list[str]:
+  """Every implied tensor exists with its shape, and every stored tensor is used.
+
+  A stored tensor the model would not use (a separate LM head under a tied config, a layer
+  past the layer count, a bias the config turns off, any unknown name) is an error naming
+  it and the config key that drops it; `strict=False` logs a warning instead. Known
+  non-parameter buffers (`family.ignorable`) are allowed by name. Returns the unused names.
+  """
   expected = {name: (path, shape) for path, (names, shape) in plan.items() for name in names}
   missing = [n for n in expected if n not in store]
+  head = family.global_names[("lm_head", "kernel")]
+  if missing == [head]:
+    raise ValueError(
+        f"{store.description} has no LM head {head!r}, but config.json does not set "
+        f"{family.tying_key}: true, so the model needs one; set {family.tying_key}: true in "
+        "config.json if the model ties its head to the embedding.")
   if missing:
     raise ValueError(
         f"{store.description} lacks {len(missing)} tensor(s) that config.json implies for a "
         f"{family.name} model, e.g. {missing[:3]}; the checkpoint is incomplete or config.json "
-        "describes a different model (check the layer count and weight tying).")
-  # HF ignores a stored head when the embeddings are tied; so do we.
-  tied_head = family.global_names[("lm_head", "kernel")] if cfg.tie_embeddings else None
-  extra = [n for n in store.names()
-           if n not in expected and n != tied_head and not family.is_ignorable(n)]
-  if extra:
-    raise ValueError(
-        f"{store.description} holds {len(extra)} tensor(s) that a {family.name} model of this "
-        f"config does not have, e.g. {extra[:3]}; check the family (model_type), the layer "
-        "count and the bias / weight-tying settings in config.json.")
+        f"describes a different model (check {family.layers_key} and {family.tying_key}).")
+  unused = [n for n in store.names() if n not in expected and not family.is_ignorable(n)]
+  if cfg.tie_embeddings and head in unused and _same_tensor(store, head, _embed_name(family)):
+    unused.remove(head)  # a stored copy of the tied embedding: tying uses exactly it
+  if unused:
+    reasons = "; ".join(f"{n!r} ({_unused_reason(n, family, cfg)})" for n in unused[:3])
+    more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
+    message = (f"{store.description} holds {len(unused)} tensor(s) that a {family.name} model "
+               f"of this config.json does not use: {reasons}{more}.")
+    if strict:
+      raise ValueError(
+          f"{message} Loading would drop them without a word; fix config.json or the "
+          "weights, or load with strict=False (CLI: --allow_unused_weights) to ignore them.")
+    logging.getLogger(__name__).warning("%s They are ignored (strict=False).", message)
   for name, (path, shape) in expected.items():
     if store.shape(name) != shape:
       raise ValueError(
           f"tensor {name!r} in {store.infos[name].path.name} has shape {store.shape(name)}, "
           f"but config.json implies {shape} (parameter {'/'.join(path)}); config.json and the "
           "weights do not belong together.")
+  return unused
+
+
+def _embed_name(family: Family) -> str:
+  return family.global_names[("embed", "embedding")]
+
+
+def _same_tensor(store: TensorStore, a: str, b: str) -> bool:
+  """Whether stored tensors `a` and `b` hold the same values (read only when shapes agree)."""
+  if b not in store or store.shape(a) != store.shape(b):
+    return False
+  return bool(np.array_equal(store.read(a), store.read(b)))
+
+
+def _unused_reason(name: str, family: Family, cfg: ModelConfig) -> str:
+  """The config.json key that leaves stored tensor `name` unused."""
+  if name == family.global_names[("lm_head", "kernel")]:
+    return (f"config.json sets {family.tying_key}=true, so the head is the embedding "
+            f"{_embed_name(family)!r} and this different stored head would be dropped; set "
+            f"{family.tying_key}: false to use it")
+  prefix = re.escape(family.layer_prefix).replace(re.escape("{i}"), r"(\d+)")
+  layer = re.match(prefix, name)
+  if layer and int(layer.group(1)) >= cfg.n_layers:
+    return f"layer {layer.group(1)}, but config.json sets {family.layers_key}={cfg.n_layers}"
+  if name.endswith(".bias"):
+    return f"a bias, which config.json's {family.bias_key} turns off"
+  return f"no {family.name} parameter has this name; check model_type in config.json"
 
 
 def _host_leaf(store, name, path, layer, dtype, adapter):
@@ -157,7 +230,7 @@ def _host_leaf(store, name, path, layer, dtype, adapter):
 
 
 def load_pretrained(model_dir, *, dtype: str | None = None, mesh=None, rules=None,
-                    adapter_dir=None, merge_lora: bool = False):
+                    adapter_dir=None, merge_lora: bool = False, strict: bool = True):
   """Loads a HF model directory as `(ModelConfig, params)`.
 
   Args:
@@ -170,11 +243,15 @@ def load_pretrained(model_dir, *, dtype: str | None = None, mesh=None, rules=Non
     adapter_dir: a PEFT LoRA adapter directory to apply (or merge) on top.
     merge_lora: fold the adapter into the base kernels (`W += s * A.T @ B.T`, in float32)
       instead of returning `lora_a` / `lora_b` leaves and a cfg with `lora_rank` set.
+    strict: a stored tensor the model does not use (see `check_tensors`) is an error;
+      False loads anyway and logs a warning naming the ignored tensors.
 
   Returns:
     (cfg, params) where params matches `init_params(cfg, ...)` leaf for leaf.
 
   Raises:
+    ValueError naming the tensor and the config.json key when the files and the config
+    disagree (a missing tensor, a wrong shape, an unused tensor unless `strict=False`).
     NonFiniteParamsError (a ValueError) naming the tensor when a weight of the checkpoint or
     of the adapter is NaN or inf. Nothing on disk is ever written.
   """
@@ -192,7 +269,7 @@ def load_pretrained(model_dir, *, dtype: str | None = None, mesh=None, rules=Non
                         lora_dropout=adapter.dropout)
   shapes, shardings = placement.target_shardings(cfg, mesh, rules)
   plan = tensor_plan(family, cfg, shapes)
-  check_tensors(store, plan, family, cfg)
+  check_tensors(store, plan, family, cfg, strict=strict)
   merge = adapter if merge_lora else None
 
   params = {}
