@@ -256,8 +256,8 @@ def _peak(terms: dict[str, int]) -> int:
 # ----------------------------------------------------------------------------- planning
 
 def default_mode(mesh: AbstractMesh, rules) -> str:
-  """`generate`'s data-parallel mode: shard_map when the mesh splits the batch, else spmd."""
-  return "shard_map" if mesh_lib.data_parallel_size(mesh, rules) > 1 else "spmd"
+  """`generate`'s data-parallel mode (`parallel.mesh.default_data_parallel`)."""
+  return mesh_lib.default_data_parallel(mesh, rules)
 
 
 def plan(cfg: ModelConfig, *, method: str = registry.DEFAULT_METHOD, mesh=None,
@@ -392,7 +392,7 @@ def _fixes(cfg, method, mesh, batch, prompt_len, options, mode, data_parallel, r
         return bigger
     return None
 
-  # shard_map (the default once the batch is split) replicates the params over the data
+  # shard_map (asked for explicitly on an fsdp mesh) replicates the params over the data
   # axes, spmd keeps them sharded over fsdp; tensor parallelism shards them in either mode
   spmd = mode == "shard_map" and mesh.get("fsdp", 1) > 1 and fits(data_parallel="spmd")
   if spmd:

@@ -115,8 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--mesh", default=None,
                  help='mesh shape as JSON, e.g. \'{"tensor": 8}\'; default: one device')
   p.add_argument("--data_parallel", choices=("shard_map", "spmd"), default=None,
-                 help="with a mesh that splits the batch: shard_map (the default; params "
-                      "replicated over the data axes) or spmd (params stay fsdp-sharded)")
+                 help="with a mesh that splits the batch: shard_map (one loop per data "
+                      "shard; params replicated over the data axes; the default without an "
+                      "fsdp axis) or spmd (params stay fsdp-sharded; the default with one)")
   p.add_argument("--allow_unused_weights", action="store_true",
                  help="load a HF checkpoint whose files hold tensors the model does not use "
                       "(a warning names them) instead of refusing it")

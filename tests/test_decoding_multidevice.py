@@ -53,9 +53,11 @@ for method, kw in runs.items():
   for field in ("tokens", "lengths", "nfe", "steps", "committed", "done"):
     np.testing.assert_array_equal(np.asarray(getattr(many, field)),
                                   np.asarray(getattr(one, field)), err_msg=method + field)
-  # shard_map (the default): the same tokens; each shard stops with its own rows, so the
-  # largest shard's step count is at most the whole batch's.
-  own = api.generate(params, cfg, PROMPTS, method=method, rng=rng, mesh=mesh, **kw)
+  # shard_map (the default on a data axis; this mesh's fsdp axis makes spmd the default):
+  # the same tokens; each shard stops with its own rows, so the largest shard's step count
+  # is at most the whole batch's.
+  own = api.generate(params, cfg, PROMPTS, method=method, rng=rng, mesh=mesh,
+                     data_parallel="shard_map", **kw)
   assert len(own.tokens.sharding.device_set) == 8, method
   for field in ("tokens", "lengths", "committed", "done"):
     np.testing.assert_array_equal(np.asarray(getattr(own, field)),
@@ -63,7 +65,11 @@ for method, kw in runs.items():
   assert int(own.steps) <= int(one.steps) and int(own.nfe) <= int(one.nfe), method
   print("devices", method, "ok")
 
-# The hybrids on the same mesh (shard_map, the default): sampled rows draw their keys by
+assert mesh_lib.default_data_parallel(mesh) == "spmd"  # params sharded over fsdp stay so
+assert mesh_lib.default_data_parallel(mesh_lib.make_mesh({"data": 4, "tensor": 2})) == "shard_map"
+assert mesh_lib.default_data_parallel(mesh_lib.make_mesh({"tensor": 8})) == "spmd"
+
+# The hybrids on the same mesh (shard_map): sampled rows draw their keys by
 # global row index, so each shard's rows equal the one-device batch's.
 drafter = random_params(cfg, seed=1)
 hybrids = {
@@ -76,7 +82,8 @@ hybrids = {
 for method, kw in hybrids.items():
   rng = jax.random.key(5)
   one = api.generate(params, cfg, PROMPTS, method=method, rng=rng, **kw)
-  own = api.generate(params, cfg, PROMPTS, method=method, rng=rng, mesh=mesh, **kw)
+  own = api.generate(params, cfg, PROMPTS, method=method, rng=rng, mesh=mesh,
+                     data_parallel="shard_map", **kw)
   assert len(own.tokens.sharding.device_set) == 8, method
   for field in ("tokens", "lengths", "committed", "done"):
     np.testing.assert_array_equal(np.asarray(getattr(own, field)),

@@ -122,11 +122,15 @@ def test_fsdp1_is_refused_in_one_line_naming_the_change(dirs, capsys):
 
 
 def test_shard_map_replicates_fsdp_params_and_says_so(dirs):
-  """generate's default on a batch-splitting mesh (shard_map) gathers the whole model on
-  every device: the dry run counts that copy and names data_parallel=spmd as the fix."""
+  """shard_map (asked for on an fsdp mesh) gathers the whole model on every device: the dry
+  run counts that copy and names data_parallel=spmd (generate's default there) as the fix."""
+  default = dry_run.plan_checkpoint(dirs["llada"], method="d2f", mesh={"fsdp": 8}, batch=8,
+                                    prompt_len=512, gen_length=256, device_memory=GIB16,
+                                    block_length=32)
+  assert default.data_parallel == "spmd" and default.fits
   report = dry_run.plan_checkpoint(dirs["llada"], method="d2f", mesh={"fsdp": 8}, batch=8,
                                    prompt_len=512, gen_length=256, device_memory=GIB16,
-                                   block_length=32)
+                                   data_parallel="shard_map", block_length=32)
   assert report.data_parallel == "shard_map"
   assert report.working_param_bytes == _hand_params(v=126464, d=4096, layers=32, heads=32,
                                                     kv_heads=32, mlp=12288, fsdp=1)

@@ -23,8 +23,9 @@ and `batch_buckets=` override the buckets (None: exact shapes).
 
 With `mesh=`, the batch is split over the mesh's data axes (rows are padded to a multiple of
 the data-parallel size by repeating the last row, then dropped). `data_parallel="shard_map"`
-(the default when the data-parallel size is above 1) runs one while_loop per data shard, each
-to its own exit (`decoding.data_parallel`); `"spmd"` runs the jitted decoder as one SPMD
+(the default when the batch is split and no parameter is sharded over the batch's axes:
+`parallel.mesh.default_data_parallel`; an fsdp axis gets spmd) runs one while_loop per data
+shard, each to its own exit (`decoding.data_parallel`); `"spmd"` runs the jitted decoder as one SPMD
 program, every device stepping until the slowest row of the whole batch is done. Either way
 parameters already on the mesh's devices stay where they are, host or single-device
 parameters are placed by `parallel.mesh.param_shardings`, and since rows are independent and
@@ -80,8 +81,8 @@ def generate(params, cfg: ModelConfig, prompts, *, method: str = registry.DEFAUL
     mesh: optional `jax.sharding.Mesh` (see parallel.mesh.make_mesh) to decode on.
     rules: logical-axis rules for the mesh (default parallel.mesh.DEFAULT_RULES).
     data_parallel: with a mesh, "shard_map" (one while_loop per data shard, each to its own
-      exit; the default when the data-parallel size is above 1) or "spmd" (one program,
-      every device steps until the slowest row is done).
+      exit; the default on a data axis) or "spmd" (one program, every device steps until
+      the slowest row is done; the default on an fsdp axis, whose params stay sharded).
     pad_to: prompt-length buckets: "pow2" (default: 16, 32, 64, ...), a length, a list of
       lengths, or None (exact). Capped so prompt + gen_length fits the model window.
     batch_buckets: batch-size buckets: "pow2" (default), a list of sizes, or None (exact).
@@ -128,12 +129,13 @@ def _data_parallel_mode(data_parallel, mesh, rules) -> str | None:
   modes = ("shard_map", "spmd")
   if data_parallel is not None and data_parallel not in modes:
     raise ValueError(f"data_parallel={data_parallel!r}: use one of {modes} (or None for the "
-                     "default: shard_map when the mesh splits the batch).")
+                     "default: `parallel.default_data_parallel`).")
   if mesh is None:
     return None
-  if mesh_lib.data_parallel_size(mesh, mesh_lib.rules_from_config(rules)) == 1:
+  rules = mesh_lib.rules_from_config(rules)
+  if mesh_lib.data_parallel_size(mesh, rules) == 1:
     return "spmd"  # nothing to split: the two are the same program
-  return data_parallel or "shard_map"
+  return data_parallel or mesh_lib.default_data_parallel(mesh, rules)
 
 
 def _pad_row_options(decoder_cls, options: dict, b: int, rows: int) -> dict:

@@ -101,6 +101,27 @@ def data_axes(mesh: Mesh, rules=DEFAULT_RULES) -> tuple[str, ...]:
   return tuple(a for a in names if mesh.shape[a] > 1)
 
 
+# Logical axes of activations and state, not of parameters (for `default_data_parallel`).
+_NON_PARAM_AXES = ("batch", "length", "cache_len")
+
+
+def default_data_parallel(mesh: Mesh, rules=DEFAULT_RULES) -> str:
+  """The decoding drivers' default data-parallel mode on `mesh`: "shard_map" (one loop per
+  data shard, each to its own exit) when the mesh splits the batch and no parameter is
+  sharded over the batch's axes; "spmd" otherwise. A parameter sharded over a batch axis (the
+  `embed` rule on fsdp) would be gathered whole onto every device of a shard_map loop, so an
+  {fsdp: 8} mesh keeps 1/8 of the weights per device only as one SPMD program."""
+  split = set(data_axes(mesh, rules))
+  if not split:
+    return "spmd"
+  for logical, physical in rules:
+    if logical in _NON_PARAM_AXES or physical is None:
+      continue
+    if split & set(physical if isinstance(physical, tuple) else (physical,)):
+      return "spmd"
+  return "shard_map"
+
+
 def without_axes(rules, axes: Sequence[str]) -> tuple:
   """`rules` with the mesh axes `axes` removed from every mapping (a logical axis left with
   none is replicated). Inside a `shard_map` that is manual over `axes`, these rules shard
