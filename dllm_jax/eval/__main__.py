@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from dllm_jax.generate import UsageError
 
 SUBCOMMANDS = ("run", "ls", "validate")
 
@@ -32,17 +35,24 @@ def parse_cli(argv: list[str]) -> tuple[list[str], object, bool]:
     return ["run", *rest], None, debug
   peek = argparse.ArgumentParser(add_help=False)
   peek.add_argument("--model", "-M")
-  peek.add_argument("--model_args", "-a", nargs="+", default=[])
+  peek.add_argument("--model_args", "-a", nargs="+", action="append", default=[])
   known, _ = peek.parse_known_args(rest)
   if known.model not in (None, "dllm_jax"):
     raise ValueError(f"python -m dllm_jax.eval runs the dllm_jax model, not --model "
                      f"{known.model}; use lm-eval itself for other models.")
   model_args = {}
-  for piece in known.model_args:
-    model_args.update(split_model_args(piece))
+  for pieces in known.model_args:
+    for piece in pieces:
+      model_args.update(split_model_args(piece))
   if known.model is None:
     rest = ["--model", "dllm_jax", *rest]
-  return ["run", *rest], parse_model_args(model_args), debug
+  args = parse_model_args(model_args)
+  for name, path in (("checkpoint", args.checkpoint), *args.load.items()):
+    if name in ("checkpoint", "adapter", "drafter_model") and path not in (None, "demo") \
+        and not Path(path).exists():
+      raise UsageError(f"{name}={path} does not exist; pass a local checkpoint directory, a "
+                       "training workdir or 'demo' (nothing is downloaded).")
+  return ["run", *rest], args, debug
 
 
 def main(argv: list[str] | None = None) -> int:
