@@ -6,6 +6,7 @@ Nothing is downloaded: the task is a YAML (`dataset_path: json`) and a JSONL wri
 the checkpoints are the demo and tiny ones in LLaDA's and LLaMA's published layouts.
 """
 
+import functools
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
+import lm_eval.evaluator
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
@@ -122,12 +124,24 @@ def instance(context, gen_kwargs=None, kind="generate_until", task="t", idx=0):
 # --- lm-eval on the local task ---------------------------------------------------------
 
 
-def test_exact_match_equals_own_count(demo_cache, task_dir):
+@pytest.fixture
+def quick_lm_eval(monkeypatch):
+  """lm-eval without its environment report (torch's collect_env runs pip and nvidia-smi in
+  subprocesses: seconds that test nothing of ours)."""
+  monkeypatch.setattr(lm_eval.evaluator, "add_env_info", lambda results: None)
+
+
+def local_tasks(task_dir):
+  """A TaskManager of the test's tasks only (indexing lm-eval's thousands takes ~10 s)."""
+  return TaskManager(include_path=str(task_dir), include_defaults=False)
+
+
+def test_exact_match_equals_own_count(demo_cache, task_dir, quick_lm_eval):
   """simple_evaluate's exact match (both filters) is the test's own count over the same
   responses' decode, and the speed in the results counts their response tokens and NFE."""
   results = lm_eval.simple_evaluate(
       model="dllm_jax", model_args="checkpoint=demo,method=ar,batch_size=16", tasks=[TASK],
-      task_manager=TaskManager(include_path=str(task_dir)), log_samples=True)
+      task_manager=local_tasks(task_dir), log_samples=True, torch_random_seed=None)
   qs = questions()
   lm = DllmJaxLM(checkpoint="demo", method="ar")
   ordered = sorted(range(len(qs)), key=lambda i: -len(encode_text(lm.tokenizer, qs[i][0])))
@@ -265,6 +279,9 @@ def test_ar_loglikelihood_is_exact(tiny):
   pairs = [("The module", " system"), ("", "hello world"), ("import the ", "module"),
            ("What is", " a")]
 
+  forward = jax.jit(functools.partial(transformer.forward, attention="causal"),
+                    static_argnums=1)
+
   def direct(context, continuation):
     if context:
       whole = tok.encode(context.rstrip() + context[len(context.rstrip()):] + continuation)
@@ -272,7 +289,7 @@ def test_ar_loglikelihood_is_exact(tiny):
     else:
       head, whole = [tok.bos_token_id], [tok.bos_token_id] + tok.encode(continuation)
     seq = np.asarray(head + whole[len(head):])
-    logits = transformer.forward(params, cfg, jnp.asarray(seq[None]), attention="causal")
+    logits = forward(params, cfg, jnp.asarray(seq[None]))
     logp = np.asarray(jax.nn.log_softmax(logits[0].astype(jnp.float32)))
     cols = range(len(head), len(seq))
     return (sum(logp[j - 1, seq[j]] for j in cols),
@@ -297,9 +314,9 @@ def test_ar_loglikelihood_is_exact(tiny):
   want = 0.0
   for context, continuation in windows:
     seq = jnp.asarray([context + continuation])
-    logp = jax.nn.log_softmax(transformer.forward(params, cfg, seq, attention="causal")[0])
+    logp = np.asarray(jax.nn.log_softmax(forward(params, cfg, seq)[0]))
     start = len(context)
-    want += float(sum(logp[j - 1, seq[0, j]] for j in range(start, seq.shape[1])))
+    want += float(sum(logp[j - 1, int(seq[0, j])] for j in range(start, seq.shape[1])))
   assert rolled == pytest.approx(want, rel=1e-5)
 
 
