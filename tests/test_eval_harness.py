@@ -163,6 +163,51 @@ def test_exact_match_equals_own_count(demo_cache, task_dir, quick_lm_eval):
   assert speed["tokens_per_s"] == pytest.approx(speed["response_tokens"] / speed["wall_s"])
 
 
+CHOICE_YAML = """task: arith_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: multiple_choice
+test_split: test
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: label
+target_delimiter: ""
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+
+def test_multiple_choice_accuracy_equals_own_argmax(demo_cache, tmp_path, quick_lm_eval):
+  """lm-eval scores choices with the model's loglikelihood: the demo's masked-diffusion
+  model through the ELBO (deterministic per request), its accuracy the test's own argmax."""
+  docs = []
+  for i, (q, a) in enumerate(questions(6, seed=1)):
+    right = str(a - (7 if i % 4 == 3 else 0))
+    choices = [right, str(int(right) + 1), str(int(right) + 10)]
+    docs.append({"question": q, "choices": choices[i % 3:] + choices[:i % 3],
+                 "label": (3 - i % 3) % 3})
+  data = tmp_path / "arith_choice.jsonl"
+  data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+  (tmp_path / "arith_choice.yaml").write_text(CHOICE_YAML.format(data=data))
+  lm = DllmJaxLM(checkpoint="demo", method="llada", mc_num=16, mc_batch_size=16)
+  results = lm_eval.simple_evaluate(model=lm, tasks=["arith_choice"],
+                                    task_manager=local_tasks(tmp_path), torch_random_seed=None)
+  correct = 0
+  for d in docs:
+    scores = lm.loglikelihood([instance((d["question"], c), kind="loglikelihood")
+                               for c in d["choices"]])
+    correct += int(np.argmax([s for s, _ in scores]) == d["label"])
+  assert results["results"]["arith_choice"]["acc,none"] == pytest.approx(correct / len(docs))
+  assert correct >= 4
+  assert results["config"]["dllm_jax"]["likelihood"] == "elbo"
+
+
 # --- generate_until == decoding.generate, every method ----------------------------------
 
 PROMPTS = ["12+34=", "7+5=", "99+98=", "3+41="]
@@ -414,6 +459,9 @@ def test_batch_size_and_block_causal_likelihood(demo_cache):
   assert lm.batch_size == 2 and lm.get_model_info()["dllm_jax"]["likelihood"] is None
   with pytest.raises(ValueError, match="likelihood=elbo"):
     lm.loglikelihood([instance(("1+1=", "2"), kind="loglikelihood")])
+  again = DllmJaxLM.from_sampler(lm.sampler, batch_size=3, tau_conf=0.5, likelihood="elbo")
+  assert again.batch_size == 3 and again.sampler.options["tau_conf"] == 0.5
+  assert again.likelihood == "elbo" and again.sampler.params is lm.sampler.params
 
 
 def _cli(*argv, timeout=600):

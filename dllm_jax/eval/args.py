@@ -112,13 +112,18 @@ def split_model_args(text: str | None) -> dict[str, str]:
   return dict(p.split("=", 1) for p in pairs)
 
 
-def parse_model_args(model_args: str | Mapping[str, Any] | None) -> EvalArgs:
-  """The `EvalArgs` of an lm-eval `--model_args` string or dict (UsageError if wrong)."""
+def parse_model_args(model_args: str | Mapping[str, Any] | None, *,
+                     loads: bool = True) -> EvalArgs:
+  """The `EvalArgs` of an lm-eval `--model_args` string or dict (UsageError if wrong).
+
+  `loads=False`: the model is already loaded (`DllmJaxLM.from_sampler`), so no checkpoint
+  or drafter is asked for.
+  """
   if model_args is None or isinstance(model_args, str):
     model_args = split_model_args(model_args)
   args = {k.strip(): parse_value(v) if isinstance(v, str) else v
           for k, v in model_args.items() if k.strip() not in IGNORED_KEYS}
-  checkpoint = args.pop("checkpoint", None)
+  checkpoint = args.pop("checkpoint", None if loads else "<sampler>")
   if checkpoint is None:
     raise UsageError("model_args need checkpoint=...: 'demo', a HF model directory, a "
                      "converted directory or a training workdir.")
@@ -127,7 +132,8 @@ def parse_model_args(model_args: str | Mapping[str, Any] | None) -> EvalArgs:
     raise UsageError(f"method={method!r} is unknown; use one of {sorted(registry.names())}.")
   load = {k: args.pop(k) for k in LOAD_KEYS if k in args}
   drafted = registry.drafter_methods()
-  if method in drafted and load.get("drafter_model") is None and str(checkpoint) != "demo":
+  if (loads and method in drafted and load.get("drafter_model") is None
+      and str(checkpoint) != "demo"):
     raise UsageError(f"method={method} drafts with a second model: add drafter_model=<dir> "
                      "(a checkpoint sharing the target's tokenizer) to the model args.")
   if load.get("drafter_model") is not None and method not in drafted:

@@ -87,8 +87,10 @@ class DllmJaxLM(LM):
     sampler's."""
     lm = cls.__new__(cls)
     LM.__init__(lm)
-    args = parse_model_args({"checkpoint": "<sampler>", "method": sampler.method,
-                             **model_args})
+    args = parse_model_args({"method": sampler.method, **model_args}, loads=False)
+    if args.load or args.mesh is not None:
+      raise ValueError(f"from_sampler uses the sampler's model as loaded; drop "
+                       f"{sorted(args.load) + (['mesh'] if args.mesh else [])}.")
     lm._setup(sampler.replace(**args.options) if args.options else sampler, args)
     return lm
 
@@ -300,6 +302,9 @@ class DllmJaxLM(LM):
     from dllm_jax.eval import likelihood
     out = []
     for seq, length in items:
+      if length == 0:             # nothing to score: log 1
+        out.append((0.0, True))
+        continue
       tokens, valid = self._padded([seq])
       width = min(buckets.bucket(length, "pow2"), tokens.shape[1] - 1)
       losses = jax.device_get(likelihood.diffusion_elbo(
