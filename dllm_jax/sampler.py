@@ -242,8 +242,8 @@ class Sampler:
     Args:
       prompts: a string, a list of strings (a ragged batch), a chat conversation
         ([{"role": "user", "content": ...}, ...], through the tokenizer's chat template), a
-        list of conversations, or already encoded prompts (lists of token ids, special
-        tokens included, used as they are).
+        list of conversations, or a list of already encoded prompts (token-id lists,
+        special tokens included, used as they are).
       max_new_tokens: response slots (the decoder's gen_length); default the sampler's.
       stop: strings that end a response (the text is cut before the first one).
       rng, seed: a PRNG key, or an int seed for one (default seed 0).
@@ -346,14 +346,14 @@ def _decided_prefix(response, decided, stops) -> list[int]:
 
 def _as_batch(prompts) -> tuple[list, bool]:
   """(list of prompts, whether a single prompt was given)."""
-  if isinstance(prompts, str) or _is_messages(prompts) or _is_ids(prompts):
+  if isinstance(prompts, str) or _is_messages(prompts):
     return [prompts], True
   if isinstance(prompts, Sequence) and prompts and all(
       isinstance(p, str) or _is_messages(p) or _is_ids(p) for p in prompts):
     return list(prompts), False
   raise ValueError("prompts must be a string, a list of strings, a chat conversation "
-                   "([{'role': 'user', 'content': ...}]), a list of conversations or lists "
-                   f"of token ids; got {type(prompts).__name__} {str(prompts)[:60]!r}.")
+                   "([{'role': 'user', 'content': ...}]), a list of conversations or a list "
+                   f"of token-id lists; got {type(prompts).__name__} {str(prompts)[:60]!r}.")
 
 
 def _check_stop(stop) -> tuple[str, ...]:
