@@ -103,6 +103,12 @@ def _is_messages(x) -> bool:
           and all(isinstance(m, Mapping) for m in x))
 
 
+def _is_ids(x) -> bool:
+  """Whether `x` is an already encoded prompt: a non-empty list of token ids."""
+  return (isinstance(x, Sequence) and not isinstance(x, str) and len(x) > 0
+          and all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in x))
+
+
 @dataclasses.dataclass(frozen=True)
 class SampleOutput:
   """What `sample(..., return_output=True)` returns.
@@ -217,8 +223,9 @@ class Sampler:
 
   def encode(self, prompts) -> tuple[np.ndarray, np.ndarray]:
     """Prompts (see `sample`) -> ([B, P] int32 tokens, [B, P] bool valid), left padded."""
-    rows = [encode_chat(self.tokenizer, p) if _is_messages(p)
-            else encode_text(self.tokenizer, p) for p in _as_batch(prompts)[0]]
+    rows = [encode_chat(self.tokenizer, p) if _is_messages(p) else
+            [int(i) for i in p] if _is_ids(p) else encode_text(self.tokenizer, p)
+            for p in _as_batch(prompts)[0]]
     longest = max(len(r) for r in rows)
     return base.pad_prompts(rows, base.output_pad_id(self.cfg),
                             length=max(longest, self.prompt_len or 0))
@@ -241,8 +248,9 @@ class Sampler:
 
     Args:
       prompts: a string, a list of strings (a ragged batch), a chat conversation
-        ([{"role": "user", "content": ...}, ...], through the tokenizer's chat template) or a
-        list of conversations.
+        ([{"role": "user", "content": ...}, ...], through the tokenizer's chat template), a
+        list of conversations, or a list of already encoded prompts (token-id lists,
+        special tokens included, used as they are).
       max_new_tokens: response slots (the decoder's gen_length); default the sampler's.
       stop: strings that end a response (the text is cut before the first one).
       rng, seed: a PRNG key, or an int seed for one (default seed 0).
@@ -349,11 +357,11 @@ def _as_batch(prompts) -> tuple[list, bool]:
   if isinstance(prompts, str) or _is_messages(prompts):
     return [prompts], True
   if isinstance(prompts, Sequence) and prompts and all(
-      isinstance(p, str) or _is_messages(p) for p in prompts):
+      isinstance(p, str) or _is_messages(p) or _is_ids(p) for p in prompts):
     return list(prompts), False
   raise ValueError("prompts must be a string, a list of strings, a chat conversation "
-                   "([{'role': 'user', 'content': ...}]) or a list of conversations; got "
-                   f"{type(prompts).__name__} {str(prompts)[:60]!r}.")
+                   "([{'role': 'user', 'content': ...}]), a list of conversations or a list "
+                   f"of token-id lists; got {type(prompts).__name__} {str(prompts)[:60]!r}.")
 
 
 def _check_stop(stop) -> tuple[str, ...]:
