@@ -178,3 +178,23 @@ def test_the_cli_data_parallel_flag_reaches_the_sampler():
   sampler = generate.make_sampler(args)
   assert sampler.data_parallel == "spmd"
   assert sampler.replace(gen_length=4).data_parallel == "spmd"
+
+
+def test_eval_cli_dry_run_plans_from_the_model_args(dirs, capsys):
+  """`python -m dllm_jax.eval ... --dry-run` reads the model args (batch_size, mesh, dtype,
+  method options) and prints the same plan as the generate CLI; {fsdp: 1} is refused."""
+  from dllm_jax.eval import __main__ as eval_cli
+  args = ["--model_args", f"checkpoint={dirs['llada']},method=d2f,block_length=32,"
+          "gen_length=256,batch_size=8,mesh={\"fsdp\": 8}", "--tasks", "gsm8k", "--dry-run",
+          "--prompt_len", "512", "--device_memory", "16GiB"]
+  assert eval_cli.main(args) == 0
+  out = capsys.readouterr().out
+  assert _printed(out, "parameters (stored)") == _hand_params(
+      v=126464, d=4096, layers=32, heads=32, kv_heads=32, mlp=12288, fsdp=8)
+  assert _printed(out, "K/V cache") == _hand_cache(layers=32, rows=8, slots=768, kv_heads=32,
+                                                   dh=128, dp=8)
+  assert eval_cli.main([a.replace('"fsdp": 8', '"fsdp": 1') for a in args]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and err.startswith("error: does not fit: ")
+  assert eval_cli.main(["--model_args", "checkpoint=demo", "--tasks", "x", "--dry-run"]) == 2
+  assert "needs none" in capsys.readouterr().err

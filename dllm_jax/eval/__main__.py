@@ -9,6 +9,11 @@ Every lm-eval flag works (`--tasks`, `--include_path`, `--num_fewshot`, `--limit
 in. The model args (dllm_jax.eval.args) are checked before anything loads: a mistake there,
 or a missing checkpoint, prints one `error: ...` line and exits with status 2 (`--debug`
 shows the traceback instead).
+
+`--dry-run` (with `--prompt_len N`, default 1024, and `--device_memory 16GiB`, default the
+device's own) reads the checkpoint's config files only and prints the per-device bytes of
+decoding `batch_size` prompts on the model args' mesh (`dllm_jax.dry_run`); a plan that does
+not fit is refused in one line naming the change, and nothing is evaluated.
 """
 
 from __future__ import annotations
@@ -20,6 +25,56 @@ from pathlib import Path
 from dllm_jax.generate import UsageError
 
 SUBCOMMANDS = ("run", "ls", "validate")
+
+
+DRY_RUN_FLAGS = ("--dry-run", "--dry_run")
+
+
+def split_dry_run(argv: list[str]) -> tuple[list[str], dict | None]:
+  """(argv without the dry-run flags, {prompt_len, device_memory} or None without
+  --dry-run). Raises UsageError for a malformed value."""
+  dry = None
+  rest, i = [], 0
+  while i < len(argv):
+    arg = argv[i]
+    name, eq, value = arg.partition("=")
+    if arg in DRY_RUN_FLAGS:
+      dry = {} if dry is None else dry
+    elif name in ("--prompt_len", "--device_memory"):
+      if not eq:
+        if i + 1 >= len(argv):
+          raise UsageError(f"{name} needs a value.")
+        value, i = argv[i + 1], i + 1
+      dry = {} if dry is None else dry
+      dry[name[2:]] = value
+    else:
+      rest.append(arg)
+    i += 1
+  if dry is not None and "prompt_len" in dry:
+    try:
+      dry["prompt_len"] = int(dry["prompt_len"])
+    except ValueError:
+      raise UsageError(f"--prompt_len must be an integer, got {dry['prompt_len']!r}.") from None
+  if dry is not None and set(dry) and not any(a in DRY_RUN_FLAGS for a in argv):
+    raise UsageError("--prompt_len and --device_memory are the dry run's; add --dry-run.")
+  return rest, dry
+
+
+def dry_run(args, prompt_len: int = 1024, device_memory=None) -> int:
+  """Prints the plan of decoding with the parsed model args; DoesNotFit if it does not fit."""
+  from dllm_jax import dry_run as dry_run_lib
+  load = args.load
+  options = dict(args.options)
+  options.setdefault("gen_length", args.max_gen_toks)
+  budget = dry_run_lib.device_memory() if device_memory is None else device_memory
+  report = dry_run_lib.plan_checkpoint(
+      args.checkpoint, dtype=load.get("dtype"), adapter=load.get("adapter"),
+      merge_lora=bool(load.get("merge_lora", False)), drafter=load.get("drafter_model"),
+      method=args.method, mesh=args.mesh, batch=args.batch_size, prompt_len=prompt_len,
+      device_memory=budget, **options)
+  print(report.table())
+  report.check()
+  return 0
 
 
 def parse_cli(argv: list[str]) -> tuple[list[str], object, bool]:
@@ -59,7 +114,15 @@ def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   debug = "--debug" in argv
   try:
-    lm_eval_argv, _, debug = parse_cli(argv)
+    argv, dry = split_dry_run(argv)
+    lm_eval_argv, args, debug = parse_cli(argv)
+    if dry is not None:
+      if args is None:
+        raise UsageError("--dry-run needs --model_args checkpoint=... (a checkpoint directory).")
+      if args.checkpoint == "demo":
+        raise UsageError("--dry-run reads a checkpoint's config.json; the demo needs none "
+                         "(it is tiny): drop --dry-run or pass a checkpoint directory.")
+      return dry_run(args, **dry)
     import dllm_jax.eval  # noqa: F401  (registers the model)
     from lm_eval.__main__ import cli_evaluate
     saved = sys.argv
