@@ -26,6 +26,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import test_eval_harness
 import tiny_llada
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,9 +145,14 @@ def test_llada_d2f_runs_on_a_tiny_checkpoint_in_the_published_layout(tmp_path, c
                                                                       record_property):
   model = tiny_llada.write_llada_instruct(tmp_path / "LLaDA-8B-Instruct")
   adapter = tiny_llada.write_d2f_adapter(tmp_path / "D2F_LLaDA_LoRA")
+  # Section 6's lm-eval run on a 4-question GSM8K-format task written here (no download).
+  tasks = test_eval_harness.write_task(tmp_path / "tasks", test_eval_harness.questions(4))
   nb, wall = execute("llada_d2f.ipynb", {"MODEL_DIR": str(model), "ADAPTER_DIR": str(adapter),
                                          "DTYPE": "float32", "GEN_LENGTH": 64,
-                                         "BLOCK_LENGTH": 16}, tmp_path)
+                                         "BLOCK_LENGTH": 16,
+                                         "EVAL_TASKS": [test_eval_harness.TASK],
+                                         "EVAL_INCLUDE_PATH": str(tasks), "EVAL_NUM_FEWSHOT": 0,
+                                         "EVAL_LIMIT": 4}, tmp_path)
   report_wall("llada_d2f.ipynb", wall, capsys, record_property)
   check_no_errors(nb)
   (table,) = markdown_tables(nb)
@@ -160,3 +166,5 @@ def test_llada_d2f_runs_on_a_tiny_checkpoint_in_the_published_layout(tmp_path, c
   text = outputs_text(nb)
   assert "steps, " in text and "host round trip" in text             # the streamed answer
   assert "loaded with the adapter merged" in text
+  assert f"{test_eval_harness.TASK} {{'exact_match,strict-match'" in text  # lm-eval's scores
+  assert "D2F under lm-eval: " in text and "tokens per forward" in text
