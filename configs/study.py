@@ -6,8 +6,13 @@
   python experiments/study.py --full    # larger, for an accelerator          (runs/study_full)
   python experiments/study.py --tradeoff  # trade-off curves, from the short mode's models
 
-`--short` / `--long` / `--full` / `--tradeoff` stand for `--config configs/study.py:short`
-(`:long`, `:full`, `:tradeoff`).
+  python experiments/study.py --checkpoints --config.checkpoints.ar=... (runs/study_checkpoints)
+                                        # published checkpoints on GSM8K: see the end of file
+
+`--short` / `--long` / `--full` / `--tradeoff` / `--checkpoints` stand for
+`--config configs/study.py:short` (`:long`, `:full`, `:tradeoff`, `:checkpoints`). The
+checkpoint mode trains nothing: it loads the checkpoints its config names and decodes a
+GSM8K-format set (experiments/studylib/checkpoint_study.py, docs/checkpoint_study.md).
 
 Three models of the same size on the same synthetic data: an AR model, a masked-diffusion
 model (MDM; `mdm_from_ar=True` starts it from the trained AR model's weights), and a D2F
@@ -499,6 +504,8 @@ def _checkpoints_config():
   c.eval_set.score = "strict"        # "strict" (#### N) or "flexible" (the last number)
   c.gen_length = 256                 # G: response slots (Fast-dLLM's LLaDA GSM8K length)
   c.mesh = config_dict.placeholder(str)  # JSON axis sizes, e.g. '{"fsdp": 8}'; None: one device
+  # The --dry-run budget per device ("16GiB", "80GB"); None: the device's own memory.
+  c.device_memory = config_dict.placeholder(str)
   c.eval = config_dict.ConfigDict()
   c.eval.batch_sizes = (1, 16)
   c.eval.seed = 0

@@ -17,6 +17,7 @@ from studylib import verdict as verdict_lib
 
 G = 64
 BATCHES = (1, 4)
+N_SHOT = 2  # the tiny BPE spends ~3 ids a character here: 2 shots keep prompts under 128
 
 
 def _write_llama(model_dir, *, layers: int, seed: int):
@@ -37,8 +38,7 @@ def _write_llama(model_dir, *, layers: int, seed: int):
   return model_dir
 
 
-QUESTIONS = [(f"Ann has {a} pens and gets {b} more. How many pens does she have?",
-              f"She has {a}+{b}=<<{a}+{b}={a + b}>>{a + b} pens.\n#### {a + b}")
+QUESTIONS = [(f"What is {a} plus {b}?", f"{a}+{b}={a + b}\n#### {a + b}")
              for a, b in zip(range(3, 19), range(20, 4, -1))]
 
 
@@ -69,6 +69,7 @@ def study_config(paths, eval_set):
   c.checkpoints.dtype = "float32"
   c.eval_set.source = eval_set
   c.eval_set.limit = 16
+  c.eval_set.n_shot = N_SHOT
   c.gen_length = G
   c.eval.batch_sizes = BATCHES
   c.lock()
@@ -129,7 +130,7 @@ def test_checkpoint_mode_end_to_end(checkpoints, tmp_path):
   assert all(r["response_tokens"] <= 16 * G for r in stored["results"])
   scores = {(s["label"], s["batch_size"]): s for s in stored["gsm8k"]["cells"]}
   assert len(scores) == len(stored["results"])
-  assert stored["gsm8k"]["n_shot"] == 4 and doc["verdict"] == stored["verdict"]
+  assert stored["gsm8k"]["n_shot"] == N_SHOT and doc["verdict"] == stored["verdict"]
 
   # The greedy hybrids reproduce AR's answers exactly; batch 4 answers what batch 1 does
   # for AR (per-row keys, greedy).
@@ -199,3 +200,20 @@ def test_prompt_too_long_for_the_window_names_the_fix(checkpoints):
   with pytest.raises(checkpoint_study.CheckpointStudyError, match="lower eval_set.n_shot"):
     checkpoint_study._prompt_len(layout, exs, ar.cfg.replace(max_seq_len=128), G, "ar")
   assert np.all(layout.encode_prompts(["Question: x\nAnswer:"], 32)["valid"][0, -3:])
+
+
+def test_dry_run_plans_every_allowed_cell_from_config_files(checkpoints):
+  """`--dry-run` (dllm_jax.dry_run): one plan per cell the checkpoints allow, read from
+  config.json and tokenizer.json; a budget too small is refused in one line."""
+  dry_run_lib = pytest.importorskip("dllm_jax.dry_run")
+  paths, eval_set = checkpoints
+  c = study_config(paths, eval_set)
+  plans = checkpoint_study.dry_run(c, log=lambda *_: None)
+  labels = [m["label"] for m in c.methods if m["label"] != "speculative diffusion-drafter k=16"]
+  assert [p.method for p in plans] == [
+      next(m["method"] for m in c.methods if m["label"] == label) for label in labels]
+  assert all(p.batch == max(BATCHES) and p.gen_length == G for p in plans)
+  c.unlock()
+  c.device_memory = "1MiB"
+  with pytest.raises(dry_run_lib.DoesNotFit):
+    checkpoint_study.dry_run(c, log=lambda *_: None)

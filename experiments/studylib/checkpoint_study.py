@@ -400,8 +400,11 @@ def run(c, workdir, *, log=print) -> dict:
 
 def dry_run(c, *, log=print) -> list:
   """`--dry-run`: the per-device bytes of every cell the checkpoints allow, at the largest
-  batch, from config.json and tokenizer.json alone (no weights read), by `dllm_jax.dry_run`;
-  raises its DoesNotFit (one line naming the change) for a cell that does not fit."""
+  batch and the longest prompt, from config.json and tokenizer.json alone (no weights read),
+  by `dllm_jax.dry_run.plan` against `device_memory` (default: the device's own); raises its
+  DoesNotFit (one line naming the change) for the first cell that does not fit. Each cell is
+  planned on its own: the run holds every configured model at once, so add the other
+  models' parameter bytes (in each table) to judge the whole run."""
   try:
     from dllm_jax import dry_run as dry_run_lib  # pylint: disable=import-outside-toplevel
   except ImportError:
@@ -423,6 +426,7 @@ def dry_run(c, *, log=print) -> list:
   g, batch = int(c.gen_length), max(int(b) for b in c.eval.batch_sizes)
   prompt_lens = {name: max(len(encode_text(tokenizers[name], ex.prompt)) for ex in exs)
                  for name in {TOKENIZER_OF[cell["model"]] for cell in cells}}
+  budget = c.device_memory or dry_run_lib.device_memory()
   plans = []
   for cell in cells:
     options = study_lib.resolve_options(dict(cell["options"]), g)
@@ -430,7 +434,7 @@ def dry_run(c, *, log=print) -> list:
     report_ = dry_run_lib.plan(cfgs[cell["model"]], method=cell["method"],
                                mesh=_mesh_shape(c.mesh), batch=batch,
                                prompt_len=prompt_lens[TOKENIZER_OF[cell["model"]]],
-                               drafter_cfg=drafter, device_memory=dry_run_lib.device_memory(),
+                               drafter_cfg=drafter, device_memory=budget,
                                **options)
     log(f"{cell['label']}:\n{report_.table()}")
     plans.append(report_.check())
