@@ -6,8 +6,13 @@
   python experiments/study.py --full    # larger, for an accelerator          (runs/study_full)
   python experiments/study.py --tradeoff  # trade-off curves, from the short mode's models
 
-`--short` / `--long` / `--full` / `--tradeoff` stand for `--config configs/study.py:short`
-(`:long`, `:full`, `:tradeoff`).
+  python experiments/study.py --checkpoints --config.checkpoints.ar=... (runs/study_checkpoints)
+                                        # published checkpoints on GSM8K: see the end of file
+
+`--short` / `--long` / `--full` / `--tradeoff` / `--checkpoints` stand for
+`--config configs/study.py:short` (`:long`, `:full`, `:tradeoff`, `:checkpoints`). The
+checkpoint mode trains nothing: it loads the checkpoints its config names and decodes a
+GSM8K-format set (experiments/studylib/checkpoint_study.py, docs/checkpoint_study.md).
 
 Three models of the same size on the same synthetic data: an AR model, a masked-diffusion
 model (MDM; `mdm_from_ar=True` starts it from the trained AR model's weights), and a D2F
@@ -260,10 +265,12 @@ TRADEOFF = {
 
 
 def get_config(mode: str = ""):
+  if mode == CHECKPOINTS:
+    return _checkpoints_config()
   if mode not in MODES:
     raise ValueError(f"unknown study mode {mode!r}; use configs/study.py, "
-                     "configs/study.py:short, configs/study.py:long, configs/study.py:full "
-                     "or configs/study.py:tradeoff")
+                     "configs/study.py:short, configs/study.py:long, configs/study.py:full, "
+                     "configs/study.py:tradeoff or configs/study.py:checkpoints")
   if mode == "tradeoff":
     return _tradeoff_config()
   full = mode == "full"
@@ -445,3 +452,106 @@ def _gen_length(data) -> int:
   from dllm_jax.data.tasks import TaskSuite  # pylint: disable=import-outside-toplevel
   answer = TaskSuite.parse(data.tasks).max_answer_len + 1
   return -(-answer // data.block_size) * data.block_size
+
+
+# --- The checkpoint mode: published checkpoints on a GSM8K-format set (no training) ---
+#
+#   python experiments/study.py --config configs/study.py:checkpoints \
+#       --config.checkpoints.ar=/models/Meta-Llama-3-8B-Instruct \
+#       --config.checkpoints.diffusion=/models/LLaDA-8B-Instruct \
+#       --config.checkpoints.d2f_adapter=/models/D2F_LLaDA_Instruct_8B_Lora \
+#       --config.eval_set.source=/data/gsm8k_test.jsonl --config.mesh='{"fsdp": 8}'
+#
+# Each model is loaded with dllm_jax.loading (a HF dir, a converted dir or a training run):
+#   ar           the AR baseline (LLaMA-3-8B-Instruct in the D2F paper's table);
+#   diffusion    the masked-diffusion model (LLaDA-8B-Instruct; a Dream checkpoint decodes
+#                its vanilla cells with Dream's decoder);
+#   d2f_adapter  the D2F LoRA of `diffusion` (PEFT dir), merged in at load: the D2F model;
+#   drafter      a drafter for the AR model sharing its tokenizer: a small AR model (the
+#                accelerated AR baseline, speculative AR) or a diffusion model (a diffusion
+#                drafter verified by AR).
+# Any of them may be left out: the cells that need it are listed as skipped, with the reason,
+# and the verdict marks their claims "not measured". The hybrids with the D2F model as
+# drafter need it to share the AR model's tokenizer (LLaDA's is not LLaMA-3's: they are
+# skipped for that pair, with the reason).
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_MODEL_KEYS = ("ar", "diffusion", "d2f_adapter", "drafter")
+# The published settings of each decoder (dllm-algorithms.md sections 3, 5, 7, 11):
+PAPER_BLOCK = 32            # Fast-dLLM's and LLaDA's semi-AR block, the D2F headline block
+D2F_GSM8K_BLOCK = 64        # the D2F release's GSM8K block
+D2F_RELEASE = {"tau_conf": 0.9, "tau_add": 0.7, "tau_act": 0.95}  # skip / block-add /
+                                                                  # decoded-token thresholds
+FAST_DLLM_THRESHOLD = 0.9
+SPECULATIVE_AR_K = 4        # the accelerated AR's draft length
+DIFFUSION_DRAFT_K = 16      # a diffusion drafter's block (DFlash's; the D2F training block)
+
+
+def _checkpoints_config():
+  c = config_dict.ConfigDict()
+  c.mode = CHECKPOINTS
+  c.checkpoints = config_dict.ConfigDict(
+      {k: config_dict.placeholder(str) for k in CHECKPOINT_MODEL_KEYS})
+  c.checkpoints.dtype = "bfloat16"   # HF weights are converted to this; others load as saved
+  c.eval_set = config_dict.ConfigDict()
+  c.eval_set.source = config_dict.placeholder(str)   # .jsonl / .parquet, "openai/gsm8k", "tfds:gsm8k"
+  c.eval_set.split = "test"
+  # The few-shot pool (lm-eval draws shots from GSM8K's train split); None: the evaluated split
+  # itself, a question never its own shot.
+  c.eval_set.fewshot_source = config_dict.placeholder(str)
+  c.eval_set.n_shot = 4              # the D2F paper's GSM8K table (lm-eval's default is 5)
+  c.eval_set.limit = config_dict.placeholder(int)    # None: every question
+  # The filter behind every cell's accuracy and the verdict; both are reported per cell.
+  c.eval_set.score = "strict"        # "strict" (#### N) or "flexible" (the last number)
+  c.gen_length = 256                 # G: response slots (Fast-dLLM's LLaDA GSM8K length)
+  c.mesh = config_dict.placeholder(str)  # JSON axis sizes, e.g. '{"fsdp": 8}'; None: one device
+  # The --dry-run budget per device ("16GiB", "80GB"); None: the device's own memory.
+  c.device_memory = config_dict.placeholder(str)
+  c.eval = config_dict.ConfigDict()
+  c.eval.batch_sizes = (1, 16)
+  c.eval.seed = 0
+  c.eval.timing_repeats = 1          # a real model's decode is seconds: one timed pass
+  c.eval.headline_task = "gsm8k"
+  c.eval.llada_vanilla_label = "vanilla steps=G"
+  c.eval.accelerated_ar_label = f"speculative ar k={SPECULATIVE_AR_K}"
+  c.eval.memory_bandwidth_gbps = 0.0
+  c.methods = _checkpoint_methods()
+  c.lock()
+  return c
+
+
+def _checkpoint_methods():
+  """Every decoder the four checkpoints allow, each at its paper's published settings. The
+  vanilla and semi-AR cells run LLaDA's decoder (Dream's on a Dream checkpoint); `model` and
+  `drafter` name checkpoints of `checkpoints` ("d2f": the diffusion model + D2F adapter)."""
+  rule = _load("adaptive").decode
+  d2f = lambda k: {"method": "d2f", "label": f"d2f k={k} tau={D2F_RELEASE['tau_conf']}",  # noqa: E731
+                   "model": "d2f", "options": {"block_length": k, **D2F_RELEASE}}
+  fast = lambda cache: {  # noqa: E731
+      "method": "fast_dllm", "label": f"fast-dllm k={PAPER_BLOCK} tau={FAST_DLLM_THRESHOLD} "
+      f"{cache}", "model": "diffusion", "options": {
+          "block_length": PAPER_BLOCK, "threshold": FAST_DLLM_THRESHOLD, "cache": cache}}
+  return [
+      {"method": "ar", "label": "ar", "model": "ar", "options": {}},
+      {"method": "speculative", "label": f"speculative ar k={SPECULATIVE_AR_K}", "model": "ar",
+       "drafter": "drafter", "options": {"drafter": "ar", "draft_length": SPECULATIVE_AR_K}},
+      # Vanilla LLaDA: one block over G, steps = G, the reference decoding past EOS.
+      {"method": "llada", "label": "vanilla steps=G", "model": "diffusion",
+       "options": {"block_fraction": 1, "steps_fraction": 1, "early_stop": False}},
+      {"method": "llada", "label": f"semi-ar k={PAPER_BLOCK} steps=G", "model": "diffusion",
+       "options": {"block_length": PAPER_BLOCK, "steps_fraction": 1, "early_stop": False}},
+      fast("prefix"), fast("dual"),
+      d2f(PAPER_BLOCK), d2f(D2F_GSM8K_BLOCK),
+      {"method": "block_diffusion", "label": f"block diffusion k={PAPER_BLOCK}", "model": "d2f",
+       "options": {"block_length": PAPER_BLOCK, "steps_per_block": PAPER_BLOCK}},
+      {"method": "speculative", "label": f"speculative d2f k={DIFFUSION_DRAFT_K}", "model": "ar",
+       "drafter": "d2f", "options": {"drafter": "d2f", "draft_length": DIFFUSION_DRAFT_K}},
+      {"method": "speculative", "label": f"speculative diffusion-drafter k={DIFFUSION_DRAFT_K}",
+       "model": "ar", "drafter": "drafter",
+       "options": {"drafter": "d2f", "draft_length": DIFFUSION_DRAFT_K}},
+      {"method": "adaptive", "label": f"adaptive k={DIFFUSION_DRAFT_K}", "model": "ar",
+       "drafter": "d2f", "options": {
+           "draft_length": DIFFUSION_DRAFT_K, "draft_steps": rule.draft_steps,
+           "parallel_confidence": rule.parallel_confidence,
+           "ar_confidence": rule.ar_confidence, "min_acceptance": rule.min_acceptance,
+           "trust_streak": rule.trust_streak}},
+  ]

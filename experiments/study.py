@@ -9,8 +9,14 @@ held-out prompts with every decoder, and write a table, a JSON file and a Pareto
   python experiments/study.py --long --config.eval.num_prompts=64
   python experiments/study.py --config.mdm_from_ar=False --workdir=runs/scratch  # MDM from scratch
 
-`--short`, `--long`, `--full` and `--tradeoff` stand for `--config configs/study.py:short`,
-`:long`, `:full` and `:tradeoff`. The workdir defaults to runs/study (the default mode) or
+  python experiments/study.py --checkpoints --config.checkpoints.ar=... \
+      --config.checkpoints.diffusion=... --config.eval_set.source=gsm8k_test.jsonl
+                                              # published checkpoints on GSM8K (no training)
+  python experiments/study.py --checkpoints --dry-run ...  # per-device bytes, no weights read
+
+`--short`, `--long`, `--full`, `--tradeoff` and `--checkpoints` stand for
+`--config configs/study.py:short`, `:long`, `:full`, `:tradeoff` and `:checkpoints`
+(configs/study.py describes the checkpoint mode's fields; docs/checkpoint_study.md). The workdir defaults to runs/study (the default mode) or
 runs/study_<mode> (the trade-off mode shares runs/study_short: it loads the short mode's
 models); rerunning reuses the trained models cached there (as orbax checkpoints) and the TFDS
 data files under <workdir>/data. The printed and stored verdict (experiments/studylib/verdict.py)
@@ -35,6 +41,9 @@ except ValueError as e:
 _CONFIG = _config_args.define("configs/study.py", "Study config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where models and reports go (default: "
                                "runs/study, or runs/study_<mode> for the other modes).")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Checkpoint mode: print the per-device bytes "
+                             "of every cell from config.json alone (no weights read) and "
+                             "refuse a plan that does not fit; `--dry-run` is the same flag.")
 
 
 def main(argv):
@@ -44,11 +53,27 @@ def main(argv):
   from studylib import compile_cache, study
   from dllm_jax.training.checkpoint import CheckpointError
   workdir = _WORKDIR.value or modes.default_workdir(_CONFIG.value)
+  if _DRY_RUN.value:
+    sys.exit(_dry_run(_CONFIG.value))
   compile_cache.enable(workdir)  # before the first compile: JAX fixes the directory then
   try:
     study.run(_CONFIG.value, workdir)
   except (CheckpointError, study.StudyConfigError) as e:  # what is wrong, and the fix
     sys.exit(f"experiments/study.py: {e}")
+
+
+def _dry_run(config) -> int | str:
+  """The checkpoint mode's dry run (checkpoint_study.dry_run): 0, or the one-line refusal."""
+  # pylint: disable=import-outside-toplevel
+  if config.get("mode", "") != "checkpoints":
+    return "experiments/study.py: --dry-run plans the checkpoint mode (--checkpoints); the " \
+           "synthetic modes train tiny models that fit anywhere."
+  from studylib import checkpoint_study
+  try:
+    checkpoint_study.dry_run(config)
+  except ValueError as e:  # DoesNotFit, a bad config: one line naming the change
+    return f"experiments/study.py: {e}"
+  return 0
 
 
 if __name__ == "__main__":

@@ -54,7 +54,9 @@ def _batches(n: int, batch_size: int) -> list[tuple[int, int]]:
 
 def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, prompt_len: int,
               seed: int = 0, repeats: int = 1, on_batch: Callable[[], None] | None = None,
-              journal: journal_lib.Journal | None = None) -> list[accounting.MethodResult]:
+              journal: journal_lib.Journal | None = None,
+              on_decoded: Callable[[int, int, list[str], np.ndarray], None] | None = None
+              ) -> list[accounting.MethodResult]:
   """Decodes `examples` with every cell, interleaved batch by batch; one tally per cell.
 
   Args:
@@ -64,6 +66,9 @@ def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, promp
     examples: held-out Examples; prompts are left-padded to `prompt_len`.
     repeats: timed decodes per batch; the fastest counts.
     on_batch: called after each (cell, batch), restored ones included.
+    on_decoded: called after each decoded (cell, batch) with (cell index, index of the
+      batch's first example, the real rows' response texts, their response token counts);
+      not for rounds restored from the journal.
     journal: records each finished (round, cell); its `restored` rounds (an earlier run of
       the same cells, prompts, params, seed and repeats: open it with `fingerprint(...)` of
       this call's arguments) are replayed instead of decoded.
@@ -125,6 +130,8 @@ def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, promp
           min(walls), int(out.nfe), int(out.steps), [ex.task for ex in examples[start:stop]],
           float(np.median(walls)))
       tally.add(**add)
+      if on_decoded is not None:
+        on_decoded(j, start, texts[:real], np.asarray(out.lengths)[:real])
       if journal is not None:
         journal.record(i, j, add)
       if on_batch is not None:

@@ -44,15 +44,16 @@ from studylib import tradeoff as tradeoff_lib
 from studylib import verdict as verdict_lib
 
 
-def _decoder(method: str, cfg, options: dict):
+def _decoder(method: str, cfg, options: dict, mesh=None):
   """(params, tokens, valid, rng, tasks=None) -> DecodeOutput, with the options checked up
-  front; `tasks` (one task name per row) is passed on as the decoder's per-row `tasks`."""
+  front; `tasks` (one task name per row) is passed on as the decoder's per-row `tasks`;
+  `mesh`: decode on it (the checkpoint mode's `mesh`)."""
   decode_api.check_options(method, options)
 
   def decode(params, tokens, valid, rng, tasks=None):
     extra = {} if tasks is None else {"tasks": list(tasks)}
     return decode_api.generate(params, cfg, (tokens, valid), method=method, rng=rng,
-                               **options, **extra)
+                               mesh=mesh, **options, **extra)
   return decode
 
 
@@ -283,6 +284,9 @@ def run(study_config, workdir, *, log=print) -> dict:
   The trade-off mode writes its own report (`run_tradeoff`)."""
   if study_config.get("mode", "") == "tradeoff":
     return run_tradeoff(study_config, workdir, log=log)
+  if study_config.get("mode", "") == "checkpoints":  # published checkpoints on GSM8K
+    from studylib import checkpoint_study  # pylint: disable=import-outside-toplevel
+    return checkpoint_study.run(study_config, workdir, log=log)
   workdir = Path(workdir)
   clock = hostclock.HostClock.start()
   decoded = decode_all(study_config, workdir, log=log)
