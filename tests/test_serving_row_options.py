@@ -50,7 +50,14 @@ LANES = {
                             dict(temperature=[0.0, 1.0], entropy_bound=[0.0, 0.5, 2.0])),
     "dream": ("dream", dict(gen_length=G, block_length=6, cfg_scale=0.5),
               dict(temperature=[0.0, 1.0], alg_temp=[0.0, 0.7], cfg_scale=[0.5, 1.0, 2.5])),
+    # The target's own weights as the drafter: an AR drafter samples its drafts from q (the
+    # rejection rule's q = p), a D2F one drafts greedily (q a point mass).
+    "speculative_ar": ("speculative", dict(gen_length=G, drafter="ar", draft_length=3),
+                       dict(temperature=[0.0, 0.8, 1.3], top_p=[1.0, 0.8], top_k=[0, 4])),
+    "speculative_d2f": ("speculative", dict(gen_length=G, drafter="d2f", draft_length=3),
+                        dict(temperature=[0.0, 0.7, 1.1], top_p=[1.0, 0.9])),
 }
+DRAFTED = ("speculative",)  # methods whose lane options carry the drafter
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +101,8 @@ def test_mixed_options_in_one_batch_equal_alone(params, lane, no_compile_cache):
   beside rows with other options): each equals its decode alone, and after warmup the lane
   compiles nothing."""
   method, lane_options, choices = LANES[lane]
+  if method in DRAFTED:
+    lane_options = dict(lane_options, drafter_params=params, drafter_cfg=CFG)
   requests = mixed_requests(choices, 12, seed=len(lane))
   combinations = math.prod(len(v) for v in choices.values())
   assert len({tuple(sorted(kw["options"].items())) for _, kw in requests}) >= min(
