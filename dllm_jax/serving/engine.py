@@ -396,7 +396,12 @@ class Engine:
 
 def _static_message(lane, options: dict) -> str:
   """Why a request's options do not fit its lane: the ones that change the compiled program."""
-  static = sorted(k for k in options if lane.resolve({k: options[k]})[1] != lane.static)
+  def changes_program(name) -> bool:
+    try:
+      return lane.resolve({name: options[name]})[1] != lane.static
+    except ValueError:  # valid only with the request's other options: name it too
+      return True
+  static = sorted(k for k in options if changes_program(k))
   greedy = [k for k in static if k in lane.decoder.sampling_options and not lane.sampling]
   fix = (f"; {greedy} > 0 needs the sampling program: start the engine with sampling=True "
          f"in the {lane.method!r} lane's options" if greedy else "")
