@@ -99,8 +99,10 @@ def test_bad_requests_and_setups_are_refused(params):
       engine.submit([5], options=dict(task="poetry")): ("unknown task tag 'poetry'", "sum"),
       engine.submit([5], options=dict(tasks=["sum"])): ("task=<tag>",),
       engine.submit([5], options=dict(drafter_params=params)): ("set once per lane",),
-      engine.submit([5], options=dict(ar_confidence=0.1)): ("differ from the options",),
-      engine.submit([5], options=dict(task_modes={"sum": "verify"})): ("differ from",),
+      # The thresholds are traced, so a request may set its own (per row), but not NaN.
+      engine.submit([5], options=dict(ar_confidence=float("nan"))): ("ar_confidence",),
+      engine.submit([5], options=dict(task_modes={"sum": "verify"})): (
+          "task_modes", "set once per lane"),
       engine.submit([5], options=dict(draft_steps=9)): ("draft_steps",),
   }
   for rid, words in bad.items():

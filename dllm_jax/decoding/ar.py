@@ -22,7 +22,8 @@ A row is done at its first stop token (EOS/EoT) or after G tokens; done rows emi
 the loop exits when every row is done. Rows never interact, so stopping early changes nothing
 before a row's EOS. NFE = 1 (prefill) + decode steps.
 
-temperature, top_k and top_p are traced (`AROptions.split`): sweeping them never recompiles.
+temperature, top_k and top_p are traced (`AROptions.split`): sweeping them never recompiles;
+they may hold one value per row ([B], `sampling.map_rows`).
 A row whose logits are ever non-finite is flagged (`DecodeOutput.finite`).
 """
 
@@ -67,8 +68,9 @@ class AROptions:
     if not isinstance(self.gen_length, (int, np.integer)) or self.gen_length <= 0:
       raise ValueError(f"gen_length must be a positive int, got {self.gen_length!r}.")
     base.check_number("temperature", self.temperature, low=0.0)
-    if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
-      raise ValueError(f"top_k must be an int >= 0 (0 keeps all tokens), got {self.top_k!r}.")
+    if not isinstance(self.top_k, (int, np.integer)) or not 0 <= self.top_k < 2 ** 31:
+      raise ValueError(f"top_k must be an int in [0, 2**31) (0 keeps all tokens), got "
+                       f"{self.top_k!r}.")
     base.check_number("top_p", self.top_p, low=0.0, low_open=True, high=1.0)
 
   def split(self):
@@ -108,10 +110,9 @@ def _choose(cfg: ModelConfig, opts: AROptions, traced: dict, logits: Array, rng:
     keys = sampling.row_step_keys(rng, row_step)
   else:
     keys = sampling.row_keys(rng, step, logits.shape[0], traced.get("row_offset", 0))
-  return jax.vmap(lambda lg, k: sampling.sample(
-      lg, k, temperature=base.traced_option(opts, traced, "temperature"), top_k=traced["top_k"],
-      top_p=traced["top_p"]))(
-          logits, keys)
+  return sampling.map_rows(sampling.sample, (logits, keys),
+                           temperature=base.traced_option(opts, traced, "temperature"),
+                           top_k=traced["top_k"], top_p=traced["top_p"])
 
 
 def _is_stop(cfg: ModelConfig, tokens: Array) -> Array:

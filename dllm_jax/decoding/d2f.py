@@ -187,8 +187,9 @@ def _proposals(logits: Array, opts: D2FOptions, traced: ds.Thresholds, rng: Arra
   keys = jax.vmap(lambda key, s: jax.vmap(
       lambda j: jax.random.split(jax.random.fold_in(key, j)))(s))(rows, slots)  # [B, T, 2]
   temperature = traced.temperature if opts.sampled else 0.0  # 0.0: argmax, no draws
-  x0 = jax.vmap(jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k)))(
-      logits, keys[..., 0])
+  x0 = sampling.map_rows(lambda lg, k, temperature: jax.vmap(
+      lambda l, kk: sampling.gumbel_argmax(l, temperature, kk))(lg, k),
+                         (logits, keys[..., 0]), temperature=temperature)
   scaled = sampling.scale(logits, temperature)
   prob = sampling.confidence(scaled, x0, "probability")
   gate = unmasking_lib.predictive_entropy(logits) if opts.unmasking == "entropy_bound" else prob

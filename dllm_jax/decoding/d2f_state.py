@@ -242,15 +242,16 @@ def commit_mask(opts: D2FOptions, state: D2FState, prob: Array, score: Array) ->
   if opts.rule == "threshold":
     counts = block_counts(opts, state.decided)
     before = jnp.concatenate([jnp.full((b, 1), k, jnp.int32), counts[:, :-1]], axis=1)
-    full = before >= state.traced.act_count  # [B, N]
-    above = cand & (prob.reshape(b, n, k) > state.traced.tau_conf)
+    full = before >= sampling.by_row(state.traced.act_count, 2)  # [B, N]
+    above = cand & (prob.reshape(b, n, k) > sampling.by_row(state.traced.tau_conf, 3))
     best = sampling.best_mask(score, cand, invariant=opts.batch_invariant)
     fallback = full & ~jnp.any(above, -1)
     commit = above | (best & fallback[..., None])
   elif opts.rule == "count" and opts.unmasking == "entropy_bound":
     commit = unmasking.entropy_bound_mask(
         score.reshape(b * n, k), prob.reshape(b * n, k), cand.reshape(b * n, k),
-        state.traced.entropy_bound, invariant=opts.batch_invariant).reshape(b, n, k)
+        _per_block(state.traced.entropy_bound, n), invariant=opts.batch_invariant
+    ).reshape(b, n, k)
   elif opts.rule == "count":
     s = opts.steps_per_block
     per_step = jnp.asarray(unmasking.counts(opts.unmasking, k, s))         # [s]
@@ -261,6 +262,12 @@ def commit_mask(opts: D2FOptions, state: D2FState, prob: Array, score: Array) ->
   else:
     raise ValueError(f"Unknown commit rule {opts.rule!r}; use one of {COMMIT_RULES}.")
   return commit.reshape(b, opts.gen_length)
+
+
+def _per_block(value, n: int):
+  """A traced option for the B * N rows of blocks: a [B] value (one per row) repeated per
+  block; a shared one as is."""
+  return jnp.repeat(value, n) if jnp.ndim(value) == 1 else value
 
 
 def apply_commits(opts: D2FOptions, state: D2FState, commit: Array, x0: Array) -> D2FState:

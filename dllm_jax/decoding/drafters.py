@@ -18,7 +18,9 @@ Shape legend: B batch, T forwarded context slots, k draft_length, V vocab, D mod
 
 `filtered_logits`, `probabilities` and `greedy` are the distribution `ar_generate` samples
 (temperature, top_k, top_p, forbidden ids): the AR drafter samples from it and the
-acceptance rule (`speculative.verify`) scores the target with it.
+acceptance rule (`speculative.verify`) scores the target with it. The sampling options are
+static numbers, or [B] arrays (one value per row: the serving engine's rows, each with its
+request's options; a row at temperature 0 then takes the greedy choice).
 """
 
 from __future__ import annotations
@@ -36,12 +38,38 @@ NEG_INF = -jnp.inf
 
 # ----------------------------------------------------------------------------- distributions
 
+def per_row(temperature) -> bool:
+  """True for sampling options given one per row ([B] arrays), False for static numbers."""
+  return jnp.ndim(temperature) == 1
+
+
+def _filtered_rows(logits: Array, temperature, top_k, top_p) -> Array:
+  """`filtered_logits` with [B] options ([B, ..., V] logits): the same k-th largest and
+  nucleus cutoffs, found by one sort; a row at temperature 0 is left unscaled (its greedy
+  choice is taken elsewhere)."""
+  v, n = logits.shape[-1], logits.ndim
+  sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+  k = jnp.broadcast_to(sampling.by_row(top_k, n), logits.shape[:-1] + (1,))
+  kth = jnp.take_along_axis(sorted_logits, jnp.clip(k - 1, 0, v - 1), axis=-1)
+  logits = jnp.where((k <= 0) | (k >= v) | (logits >= kth), logits, NEG_INF)
+  top_p = sampling.by_row(top_p, n)
+  sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+  probs = jax.nn.softmax(sorted_logits, axis=-1)
+  cutoff_idx = jnp.sum(jnp.cumsum(probs, axis=-1) - probs < top_p, axis=-1, keepdims=True) - 1
+  cutoff = jnp.take_along_axis(sorted_logits, cutoff_idx, axis=-1)
+  logits = jnp.where((top_p >= 1.0) | (logits >= cutoff), logits, NEG_INF)
+  t = sampling.by_row(temperature, n)
+  return logits / jnp.where(t == 0.0, 1.0, t)
+
+
 def filtered_logits(logits: Array, temperature: float, top_k: int, top_p: float,
               forbid_ids) -> Array:
   """Logits of the distribution `ar_generate` samples ([..., V]); greedy: the argmax's."""
   ids = [i for i in forbid_ids if i is not None]
   if ids:
     logits = logits.at[..., jnp.asarray(sorted(set(ids)))].set(NEG_INF)
+  if per_row(temperature):
+    return _filtered_rows(logits, temperature, top_k, top_p)
   if temperature == 0.0:
     return logits
   if top_k and top_k < logits.shape[-1]:
@@ -75,12 +103,15 @@ def unshifted(cfg: ModelConfig) -> ModelConfig:
 
 # ----------------------------------------------------------------------------- drafters
 
-def ar_draft(dparams, cfg: ModelConfig, opts, forbid, first_chunk, cache, next_pos, keys):
+def ar_draft(dparams, cfg: ModelConfig, opts, forbid, first_chunk, cache, next_pos, keys,
+             sampling_options=None):
   """k drafts from a causal drafter: one forward on `first_chunk`, then k - 1 single tokens.
 
   first_chunk: (tokens [B, T], positions [B, T], valid [B, T], write_len [B], out_slot [B]):
   out_slot is the slot whose logits predict draft 1. next_pos [B]: position of draft 1.
-  opts: anything with draft_length, temperature, top_k, top_p (`speculative.SpeculativeOptions`).
+  opts: anything with draft_length, temperature, top_k, top_p (`speculative.SpeculativeOptions`);
+  `sampling_options` (temperature, top_k, top_p), when given, replace its sampling ones
+  (numbers, or [B] arrays: one per row).
   Returns ([B, k] drafts, [B, k, V] q or None, cache, [B] bool: every logit the drafts were
   chosen from was finite).
   """
@@ -91,12 +122,16 @@ def ar_draft(dparams, cfg: ModelConfig, opts, forbid, first_chunk, cache, next_p
                               write_len=write_len, head=False)
   logits = project(dparams, cfg, hidden, out_slot[:, None])[:, 0]
 
+  temperature, top_k, top_p = sampling_options or (opts.temperature, opts.top_k, opts.top_p)
+
   def choose(logits, i):
-    if opts.temperature == 0.0:
+    if not per_row(temperature) and temperature == 0.0:
       return greedy(logits, forbid), None
-    q = probabilities(logits, opts.temperature, opts.top_k, opts.top_p, forbid)
+    q = probabilities(logits, temperature, top_k, top_p, forbid)
     d = jax.vmap(lambda kk, qq: jax.random.categorical(jax.random.fold_in(kk, i), jnp.log(qq)))(
         keys, q).astype(jnp.int32)
+    if per_row(temperature):
+      d = jnp.where(temperature == 0.0, greedy(logits, forbid), d)
     return d, q
 
   first, q0 = choose(logits, 0)

@@ -316,7 +316,7 @@ def step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> F
     keys = jax.vmap(lambda n, r: jax.random.fold_in(jax.random.fold_in(state.rng, n), r))(
         state.forwards, rows)
   temperature = base.traced_option(opts, state.traced, "temperature")
-  x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys)
+  x0 = sampling.map_rows(sampling.propose, (logits, keys), temperature=temperature)
   conf = sampling.confidence(logits, x0, "probability")
 
   slot = start[:, None] + jnp.arange(bl, dtype=jnp.int32)[None]            # [B, b]

@@ -240,7 +240,7 @@ def _guided_logits(params, cfg, opts, state: LLaDAState) -> Array:
       jnp.concatenate([state.valid, state.valid]),
       jnp.concatenate([state.positions, state.positions]))
   cond, un = jnp.split(both, 2)
-  return un + state.traced["cfg_scale"] * (cond - un)  # the weight cfg_scale + 1 (split())
+  return un + sampling.by_row(state.traced["cfg_scale"], un.ndim) * (cond - un)  # the weight cfg_scale + 1 (split())
 
 
 def select_ranked(scores: Array, candidates: Array, k: Array, order_temp, keys: Array,
@@ -251,16 +251,17 @@ def select_ranked(scores: Array, candidates: Array, k: Array, order_temp, keys: 
   samples the order per row (Gumbel-top-k, `sampling.sample_order_mask`); `invariant` ranks
   on the grid (`sampling.rank_scores`).
   """
-  def pick(s, mask, count, key):
+  def pick(s, mask, count, key, order_temp):
     return sampling.sample_order_mask(jnp.where(mask, s, sampling.NEG_INF)[None],
                                       count[None], order_temp, key, invariant=invariant)[0]
   if demoted is None:
-    return jax.vmap(pick)(scores, candidates, k, keys)
+    return sampling.map_rows(pick, (scores, candidates, k, keys), order_temp=order_temp)
 
-  def two_tiers(s, c, d, kk, key):
-    first = pick(s, c & ~d, kk, key)
-    return first | pick(s, c & d, kk - jnp.sum(first), key)
-  return jax.vmap(two_tiers)(scores, candidates, demoted, k, keys)
+  def two_tiers(s, c, d, kk, key, order_temp):
+    first = pick(s, c & ~d, kk, key, order_temp)
+    return first | pick(s, c & d, kk - jnp.sum(first), key, order_temp)
+  return sampling.map_rows(two_tiers, (scores, candidates, demoted, k, keys),
+                           order_temp=order_temp)
 
 
 def response_view(cfg: ModelConfig, opts, state) -> tuple[Array, Array]:
@@ -327,7 +328,7 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
   keys = jax.vmap(lambda k: jax.random.split(k, 3))(row_keys)          # [B, 3]
   temperature = base.traced_option(opts, state.traced, "temperature")
   alg_temp = base.traced_option(opts, state.traced, "alg_temp")
-  x0 = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys[:, 0])
+  x0 = sampling.map_rows(sampling.propose, (logits, keys[:, 0]), temperature=temperature)
   kind = REMASKING[opts.remasking]
   conf = jax.vmap(lambda lg, x, k: sampling.confidence(lg, x, kind, k))(logits, x0, keys[:, 1])
 
@@ -339,8 +340,9 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
   if opts.confidence_eos_eot_inf:
     demoted = jnp.isin(x0, jnp.asarray(base.stop_ids(cfg), jnp.int32))
   if opts.adaptive:
-    order = jax.vmap(lambda s, c, k: unmasking_lib.order_scores(
-        s, c, alg_temp, k))(conf, candidates, keys[:, 2])
+    order = sampling.map_rows(
+        lambda s, c, k, order_temp: unmasking_lib.order_scores(s, c, order_temp, k),
+        (conf, candidates, keys[:, 2]), order_temp=alg_temp)
     commit = unmasking_lib.entropy_bound_mask(
         order, unmasking_lib.predictive_entropy(logits), candidates,
         state.traced["entropy_bound"], demoted, invariant=opts.batch_invariant)

@@ -12,7 +12,11 @@ serving engine derives them from (request seed, row step, response slot) only
 
 Scalar traced options (temperature, top_k, top_p, the order temperature) may be Python numbers or
 traced [] arrays: decoders pass them traced, so sweeping them never recompiles. A traced
-temperature of 0 is still exactly greedy (`lax.cond` picks the plain argmax).
+temperature of 0 is still exactly greedy (`lax.cond` picks the plain argmax). A decoder's
+traced options may also hold one value per row ([B], the serving engine's rows, each with its
+request's options): `map_rows` maps those with the rows (inside it a row's `lax.cond` becomes
+a select, so a row at temperature 0 takes the argmax and a sampled row its draw, exactly as
+alone), and `by_row` broadcasts one against [B, ...] arrays.
 
 Ranking (`rank_scores`) is the one place every decoder orders positions by confidence, in
 one of two modes chosen by a static Python bool `invariant` (the decoders' `batch_invariant`
@@ -51,6 +55,23 @@ def _is_number(x) -> bool:
   return isinstance(x, (int, float))
 
 
+def by_row(value, ndim: int):
+  """A traced option as it broadcasts against a [B, ...] array of `ndim` dims: a [B] value
+  (one per row) becomes [B, 1, ...]; a number or [] value is returned as is."""
+  if jnp.ndim(value) != 1:
+    return value
+  return jnp.reshape(value, (-1,) + (1,) * (ndim - 1))
+
+
+def map_rows(fn, rows: tuple, **options):
+  """`fn(*row_args, **options)` for every row: vmapped over the rows of `rows` (each [B, ...])
+  and of the [B] options (one value per row); the others (numbers, [] values) are passed to
+  every row unchanged, so a decode with shared options compiles what it did before."""
+  per_row = {k: v for k, v in options.items() if jnp.ndim(v) == 1}
+  shared = {k: v for k, v in options.items() if k not in per_row}
+  return jax.vmap(lambda args, mapped: fn(*args, **shared, **mapped))(rows, per_row)
+
+
 def forbid(logits: Array, token_ids) -> Array:
   """Sets the logits of `token_ids` (ints, possibly empty) to -inf; e.g. never emit [MASK]."""
   ids = [i for i in token_ids if i is not None]
@@ -72,6 +93,7 @@ def scale(logits: Array, temperature) -> Array:
   """logits / T, or the logits unchanged at T == 0 (static or traced T)."""
   if _is_number(temperature):
     return logits if temperature == 0.0 else logits / temperature
+  temperature = by_row(temperature, logits.ndim)
   return jnp.where(temperature == 0.0, logits, logits / jnp.where(temperature == 0.0, 1.0,
                                                                    temperature))
 
@@ -136,6 +158,11 @@ def gumbel_argmax(logits: Array, temperature, rng: Array | None) -> Array:
   if _is_number(temperature):
     return _argmax(logits) if temperature == 0.0 else sampled(logits)
   return jax.lax.cond(temperature == 0.0, _argmax, sampled, logits)
+
+
+def propose(logits: Array, rng: Array | None, *, temperature) -> Array:
+  """`gumbel_argmax` with the key second and the temperature by name (for `map_rows`)."""
+  return gumbel_argmax(logits, temperature, rng)
 
 
 def filter_top_k(logits: Array, top_k) -> Array:
@@ -255,7 +282,7 @@ def sample_order_mask(scores: Array, k: Array, temperature, rng: Array, *,
 def threshold_mask(conf: Array, candidates: Array, tau, *, invariant: bool = False) -> Array:
   """Fast-dLLM/D2F threshold rule: candidates with confidence > tau, and at least the most
   confident candidate of every row that has one (`best_mask`). [B, T] -> [B, T] bool."""
-  above = candidates & (jnp.where(candidates, conf, NEG_INF) > tau)
+  above = candidates & (jnp.where(candidates, conf, NEG_INF) > by_row(tau, conf.ndim))
   return above | best_mask(conf, candidates, invariant=invariant)
 
 
@@ -266,7 +293,7 @@ def factor_mask(conf: Array, candidates: Array, factor, *, invariant: bool = Fal
   conf = jnp.where(candidates, conf, NEG_INF)
   sorted_conf = jnp.sort(conf, axis=-1)[..., ::-1]
   n = jnp.arange(1, conf.shape[-1] + 1, dtype=jnp.float32)
-  ok = sorted_conf >= 1.0 - factor / (n + 1.0)
+  ok = sorted_conf >= 1.0 - by_row(factor, conf.ndim) / (n + 1.0)
   # The largest n whose prefix all satisfies the rule.
   count = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=-1), axis=-1)
   count = jnp.maximum(count, jnp.any(candidates, axis=-1).astype(jnp.int32))

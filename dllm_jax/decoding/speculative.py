@@ -68,8 +68,8 @@ import numpy as np
 
 from dllm_jax.decoding import base, protocol, registry, sampling
 # The distributions are re-exported: `speculative.greedy` / `.probabilities` are public.
-from dllm_jax.decoding.drafters import (ar_draft, diffusion_draft, greedy, probabilities,
-                                       unshifted)
+from dllm_jax.decoding.drafters import (ar_draft, diffusion_draft, greedy, per_row,
+                                       probabilities, unshifted)
 from dllm_jax.models import kv_cache as kvc
 from dllm_jax.models import masks
 from dllm_jax.models.config import ModelConfig
@@ -96,8 +96,9 @@ def check_draft_options(opts) -> None:
                      f"got {k!r}.")
   base.check_number("temperature", opts.temperature, low=0.0)
   if isinstance(opts.top_k, bool) or not isinstance(opts.top_k, (int, np.integer)) or \
-      opts.top_k < 0:
-    raise ValueError(f"top_k must be an int >= 0 (0 keeps all tokens), got {opts.top_k!r}.")
+      not 0 <= opts.top_k < 2 ** 31:
+    raise ValueError(f"top_k must be an int in [0, 2**31) (0 keeps all tokens), got "
+                     f"{opts.top_k!r}.")
   base.check_number("top_p", opts.top_p, low=0.0, low_open=True, high=1.0)
 
 
@@ -186,6 +187,9 @@ class SpeculativeState:
   drafter_forwards: Array
   rng: Array
   row_offset: Array  # [] the global index of row 0 (a data shard's first row)
+  # The target's sampling options per row ({temperature, top_k, top_p}: [B] arrays), which
+  # replace the static ones (the serving engine's rows); None: the options' own.
+  traced: dict | None = None
 
 
 # ----------------------------------------------------------------------------- acceptance
@@ -206,15 +210,20 @@ def verify(logits: Array, drafts: Array, n_drafts: Array, keys: Array, *,
     drafts: [B, k] drafted tokens; only the first n_drafts[b] are checked.
     n_drafts: [B] int, drafts offered per row (k, or 0 for a row without a draft).
     keys: [B] PRNG keys (temperature > 0).
+    temperature, top_k, top_p: numbers, or [B] arrays (one per row: a row at temperature 0
+      takes the greedy rule).
     draft_probs: [B, k, V] the drafter's distribution q each draft was sampled from; None
       means a deterministic draft (q = point mass at the draft).
   Returns ([B, k + 1] tokens: the first `accepted + 1` are committed, [B] accepted drafts).
   """
   k = drafts.shape[1]
   live = jnp.arange(k)[None, :] < n_drafts[:, None]
-  if temperature == 0.0:
+  rows = per_row(temperature)  # [B] options: a row at temperature 0 takes the greedy rule
+  if rows or temperature == 0.0:
     choice = greedy(logits, forbid_ids)
-    return choice, _leading((drafts == choice[:, :k]) & live)
+    greedy_rule = choice, _leading((drafts == choice[:, :k]) & live)
+    if not rows:
+      return greedy_rule
   p = probabilities(logits, temperature, top_k, top_p, forbid_ids)          # [B, k+1, V]
   q = (jax.nn.one_hot(drafts, p.shape[-1], dtype=p.dtype) if draft_probs is None
        else draft_probs.astype(p.dtype))                                     # [B, k, V]
@@ -234,7 +243,12 @@ def verify(logits: Array, drafts: Array, n_drafts: Array, keys: Array, *,
     out = jnp.concatenate([drafts_row, drafts_row[-1:]])
     return jnp.where(jnp.arange(k + 1) == a, token, out), a
 
-  return jax.vmap(row)(keys, p, q, p_d, q_d, live, drafts)
+  choice, accepted = jax.vmap(row)(keys, p, q, p_d, q_d, live, drafts)
+  if rows:
+    zero = temperature == 0.0
+    choice = jnp.where(zero[:, None], greedy_rule[0], choice)
+    accepted = jnp.where(zero, greedy_rule[1], accepted)
+  return choice, accepted
 
 
 def row_keys(rng: Array, step, tag: int, batch: int, offset=0) -> Array:
@@ -311,15 +325,27 @@ def _verify_and_commit(tparams, tcfg, opts, state: SpeculativeState, chunk, out_
   logits = project(tparams, tcfg, hidden[:, out_from:out_from + k + 1])
   live = ~state.done
   n_drafts = jnp.where(live, k, 0)
-  choice, accepted = verify(logits, drafts, n_drafts, keys, temperature=opts.temperature,
-                            top_k=opts.top_k, top_p=opts.top_p,
-                            forbid_ids=(tcfg.mask_token_id,), draft_probs=q)
+  temperature, top_k, top_p = sampling_options(opts, state.traced)
+  choice, accepted = verify(logits, drafts, n_drafts, keys, temperature=temperature,
+                            top_k=top_k, top_p=top_p, forbid_ids=(tcfg.mask_token_id,),
+                            draft_probs=q)
   response, count, done = commit(tcfg, state.response, state.n, state.done, choice, accepted)
   return tcache, accepted, response, count, done, jnp.isfinite(logits).all((1, 2))
 
 
+def sampling_options(opts: SpeculativeOptions, traced: dict | None):
+  """(temperature, top_k, top_p) a round samples with: the static options' numbers, or the
+  per-row `traced` arrays where given (unless the static temperature is 0: the greedy
+  program, which holds no sampling)."""
+  if traced is None or opts.temperature == 0.0:
+    return opts.temperature, opts.top_k, opts.top_p
+  return traced["temperature"], traced["top_k"], traced["top_p"]
+
+
 def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpeculativeOptions,
-          offset=0) -> SpeculativeState:
+          offset=0, traced: dict | None = None) -> SpeculativeState:
+  """Round 0. `traced`: per-row sampling options ({temperature, top_k, top_p} [B]) that
+  replace the static ones (`sampling_options`), or None."""
   b, p = prompt.shape
   g, k = opts.gen_length, opts.draft_length
   prompt = prompt.astype(jnp.int32)
@@ -333,7 +359,8 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: Speculative
   if opts.drafter == "ar":
     first = (prompt, ppos, valid, write_p, jnp.full((b,), p - 1, jnp.int32))
     drafts, q, dcache, d_ok = ar_draft(dparams, dcfg, opts, forbid, first, dcache, prompt_len,
-                                       round_keys(rng, 0, zeros, 0, offset))
+                                       round_keys(rng, 0, zeros, 0, offset),
+                                       sampling_options(opts, traced))
     d_forwards = k
   else:
     context = (prompt, _context_ids(opts, ppos, jnp.zeros_like(prompt)), ppos, valid,
@@ -350,7 +377,7 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: Speculative
       done=jnp.zeros((b,), bool), finite=jnp.ones((b,), bool), rounds=zeros, drafted=zeros,
       accepted=zeros, step=jnp.zeros((), jnp.int32), target_forwards=jnp.zeros((), jnp.int32),
       drafter_forwards=jnp.zeros((), jnp.int32), rng=rng,
-      row_offset=jnp.asarray(offset, jnp.int32))
+      row_offset=jnp.asarray(offset, jnp.int32), traced=traced)
   tcache, accepted, response, count, done, t_ok = _verify_and_commit(
       tparams, tcfg, opts, state, chunk, p - 1, drafts, q, round_keys(rng, 0, zeros, 1, offset),
       tcache)
@@ -401,7 +428,8 @@ def _step(tparams, dparams, state: SpeculativeState, *, tcfg, dcfg, opts: Specul
     first = (tokens, positions, valid, write, pend.astype(jnp.int32))
     drafts, q, dcache, d_ok = ar_draft(dparams, dcfg, opts, forbid, first, state.dcache,
                                        last_pos + 1,
-                                       round_keys(state.rng, state.step, state.rounds, 0, state.row_offset))
+                                       round_keys(state.rng, state.step, state.rounds, 0, state.row_offset),
+                                       sampling_options(opts, state.traced))
     d_forwards = k
   else:
     p = state.tcache.capacity - g

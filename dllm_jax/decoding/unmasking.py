@@ -121,7 +121,7 @@ def bounded_count(entropy: Array, order: Array, candidates: Array, bound) -> Arr
   in_prefix = jnp.arange(order.shape[-1], dtype=jnp.int32)[None] < n[:, None]
   e = jnp.where(in_prefix, jnp.take_along_axis(entropy, order, -1), 0.0)
   spread = jnp.cumsum(e, axis=-1) - jax.lax.cummax(e, axis=e.ndim - 1)
-  count = jnp.sum(in_prefix & (spread <= bound), axis=-1, dtype=jnp.int32)
+  count = jnp.sum(in_prefix & (spread <= sampling.by_row(bound, 2)), axis=-1, dtype=jnp.int32)
   return jnp.clip(count, jnp.minimum(n, 1), n)
 
 

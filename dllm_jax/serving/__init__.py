@@ -14,5 +14,6 @@ from dllm_jax.serving.engine import Engine
 from dllm_jax.serving.metrics import RunMetrics, summarize
 from dllm_jax.serving.requests import (
     BadOptionError, CancelledError, InvalidPromptError, MaskInPromptError, NonFiniteRowError,
-    PromptTooLongError, Request, RequestError, Result, StreamUpdate, UnknownMethodError)
+    PromptTooLongError, QueueFullError, Request, RequestError, Result, StreamUpdate,
+    UnknownMethodError)
 from dllm_jax.serving.rows import RowDecoder, register, request_keys, served_methods

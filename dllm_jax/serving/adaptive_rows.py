@@ -60,6 +60,8 @@ class AdaptiveRows(speculative_rows.DraftedRows):
   step."""
 
   row_options = ("task",)
+  # The tag map is the lane's (its split static part drops it; `row_input` reads it).
+  lane_options = speculative_rows.DraftedRows.lane_options + ("task_modes",)
 
   def __init__(self):
     super().__init__(method="", needs_mask=False)

@@ -10,7 +10,7 @@ p an admission's prompt bucket, G gen_length.
     for event in engine.serve():          # StreamUpdate / Result events until idle
       ...
 
-Each method (a *lane*, with one option set: `lanes.py`) owns B slots: one batched decoder
+Each method (a *lane*, with one static option set: `lanes.py`) owns B slots: one batched decoder
 state with static shapes (every cursor per row; `rows.py`). A lane is built from explicit
 arguments and knows nothing of the engine; each lane step reports its events and decoder
 steps, and the engine records the results and metrics. `step()` runs every lane once:
@@ -37,7 +37,15 @@ options and seed and batch_invariant=True (`generate(..., method=m,
 rng=request_keys([seed]), batch_invariant=True)`), whatever shares the batch and whatever
 order requests finish in.
 
-Bad requests are answered at submission with a named `RequestError` and never reach a slot.
+Bad requests are answered at submission with a named `RequestError` and never reach a slot;
+so is a request past a lane's `max_queue` (`QueueFullError`: backpressure). `cancel` frees a
+running request's slot for the next admission.
+
+Per-request options: a lane's static options are fixed when it is built; its traced ones
+(temperature, top_k, top_p, D2F's tau_*, threshold, factor, alg_temp, cfg_scale,
+entropy_bound, adaptive's thresholds: what the decoder's `split` makes traced) are per row,
+so a request may set its own and share the batch and the program with the others. A lane
+built `sampling=True` serves greedy and sampled rows in one batch (`lanes.py`).
 On a mesh (`mesh=`), params are placed like `generate` places them and every per-row state
 field is sharded over the data axes on its row axis (NamedSharding constraints inside the
 jitted functions; slots must divide evenly); rows never interact, so outputs are unchanged.
@@ -63,8 +71,8 @@ from dllm_jax.serving import adaptive_rows  # noqa: F401  (registers "adaptive")
 from dllm_jax.serving import selfspec_rows  # noqa: F401  (registers "selfspec")
 from dllm_jax.serving import speculative_rows  # noqa: F401  (registers "speculative")
 from dllm_jax.serving.requests import (
-    BadOptionError, InvalidPromptError, MaskInPromptError, PromptTooLongError, Request,
-    RequestError, Result, UnknownMethodError, check_seed, check_stop_ids)
+    BadOptionError, InvalidPromptError, MaskInPromptError, PromptTooLongError, QueueFullError,
+    Request, RequestError, Result, UnknownMethodError, check_seed, check_stop_ids)
 
 
 def _default_buckets(max_prompt_len: int) -> tuple[int, ...]:
@@ -112,6 +120,8 @@ class Engine:
       stay few; with no request waiting it returns at the first finished row.
     tokenizer: encodes text prompts and decodes `Result.text` (data.tokenizers).
     mesh, rules: shard the slots over the mesh's data axes (see the module docstring).
+    max_queue: most requests a lane keeps waiting beyond its free slots (None: no bound);
+      a submission past it is answered at once with a `QueueFullError` (backpressure).
   """
 
   def __init__(self, params, cfg: ModelConfig, *,
@@ -119,7 +129,8 @@ class Engine:
                options: Mapping | None = None, slots: int = 8, max_prompt_len: int = 64,
                prompt_buckets: Sequence[int] | None = None,
                admit_sizes: Sequence[int] | None = None, max_steps_per_run: int = 16,
-               refill: int | None = None, tokenizer=None, mesh=None, rules=None):
+               refill: int | None = None, tokenizer=None, mesh=None, rules=None,
+               max_queue: int | None = None):
     if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots <= 0:
       raise ValueError(f"slots must be a positive int, got {slots!r}.")
     if isinstance(methods, str):
@@ -139,6 +150,10 @@ class Engine:
         not 1 <= refill <= self.num_slots:
       raise ValueError(f"refill must be an int in [1, slots={self.num_slots}], got {refill!r}.")
     self.refill = int(refill)
+    if max_queue is not None and (isinstance(max_queue, bool) or not isinstance(
+        max_queue, (int, np.integer)) or max_queue < 0):
+      raise ValueError(f"max_queue must be an int >= 0 or None (no bound), got {max_queue!r}.")
+    self.max_queue = None if max_queue is None else int(max_queue)
     buckets = _default_buckets(max_prompt_len) if prompt_buckets is None else prompt_buckets
     self.prompt_buckets = _check_sizes("prompt_buckets", buckets)
     if admit_sizes is None:  # 1, 4, 16, ... below slots, then slots
@@ -187,6 +202,7 @@ class Engine:
     try:
       lane, request = self._check(rid, now, prompt, method, options, max_new_tokens, stop_ids,
                                   seed)
+      self._check_room(rid, lane)
     except RequestError as error:
       result = Result(rid, status="error", error=error)
       self._pending.append(self._record(result))
@@ -211,18 +227,17 @@ class Engine:
           f"request {rid}: {fixed} are set once per lane, when the engine is built (its "
           f"{method!r} lane has its own); drop them from the request, or start an engine "
           "with these in the lane's options.")
+    if "sampling" in options:
+      raise BadOptionError(f"request {rid}: sampling is set once per lane, when the engine is "
+                           "built (it picks the compiled program); drop it from the request.")
     try:
       api.check_options(method, options)
-      opts = lane.decoder.make_options(self.cfg, {**lane.options, **options})
+      _, static, traced = lane.resolve(options)
       row_input = lane.decoder.row_input(lane.opts, row)
-    except ValueError as e:
+    except (ValueError, TypeError, OverflowError) as e:
       raise BadOptionError(f"request {rid}: {e}") from None
-    if opts != lane.opts:
-      differ = sorted(k for k in options if options[k] != lane.options.get(k, object()))
-      raise BadOptionError(
-          f"request {rid}: options {differ} differ from the options this engine's {method!r} "
-          f"lane serves ({lane.options}); send the lane's options or start an engine with "
-          "these.")
+    if static != lane.static:
+      raise BadOptionError(f"request {rid}: " + _static_message(lane, options))
     tokens = self._tokens(rid, prompt)
     if len(tokens) > self.prompt_buckets[-1]:
       raise PromptTooLongError(
@@ -246,7 +261,22 @@ class Engine:
     except BadOptionError as e:
       raise BadOptionError(f"request {rid}: {e}") from None
     return lane, Request(rid, tuple(tokens), method, int(max_new_tokens), stops, seed, now,
-                         row_input)
+                         row_input, traced)
+
+  def _check_room(self, rid, lane) -> None:
+    """QueueFullError when `lane` already holds max_queue requests beyond its free slots
+    (the next step admits up to one request per free slot)."""
+    if self.max_queue is None:
+      return
+    room = self.max_queue + self.num_slots - lane.occupied
+    if len(lane.queue) >= room:
+      raise QueueFullError(
+          f"request {rid}: the {lane.method!r} lane is full ({lane.occupied} running, "
+          f"{len(lane.queue)} waiting, max_queue={self.max_queue}); retry later.")
+
+  def queue_depth(self) -> dict[str, int]:
+    """Requests waiting for a slot, per lane (method name)."""
+    return {method: len(lane.queue) for method, lane in self.lanes.items()}
 
   def _tokens(self, rid, prompt) -> list[int]:
     if isinstance(prompt, str):
@@ -362,6 +392,22 @@ class Engine:
   def context(self):
     """The mesh and logical-axis-rules context device calls run under (none off-mesh)."""
     return lanes_lib.mesh_context(self.mesh, self.rules)
+
+
+def _static_message(lane, options: dict) -> str:
+  """Why a request's options do not fit its lane: the ones that change the compiled program."""
+  def changes_program(name) -> bool:
+    try:
+      return lane.resolve({name: options[name]})[1] != lane.static
+    except ValueError:  # valid only with the request's other options: name it too
+      return True
+  static = sorted(k for k in options if changes_program(k))
+  greedy = [k for k in static if k in lane.decoder.sampling_options and not lane.sampling]
+  fix = (f"; {greedy} > 0 needs the sampling program: start the engine with sampling=True "
+         f"in the {lane.method!r} lane's options" if greedy else "")
+  return (f"options {static or sorted(options)} change the program this engine's "
+          f"{lane.method!r} lane compiled (static options: {lane.options}); send the lane's "
+          f"values or start an engine with these{fix}.")
 
 
 def _method_message(method: str, lanes=None) -> str:

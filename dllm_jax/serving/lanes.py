@@ -1,5 +1,15 @@
-"""One lane of the serving engine: one method with one option set, its slots, queue and
-batched device state, and the two jitted programs that move it (`engine.py` drives lanes).
+"""One lane of the serving engine: one method with one static option set, its slots, queue
+and batched device state, and the two jitted programs that move it (`engine.py` drives lanes).
+
+A lane's options split like a decode's (`RowDecoder.split`): the static part is the lane's,
+fixed when it is built (a request whose static options differ is refused); the traced part
+(temperature, top_k, top_p, thresholds, ...) is per row, each row holding its request's
+values (`Lane.resolve`), so requests with different values share one batch and one program.
+Temperature 0 is a program of its own (`base.ZERO_IS_STATIC`): a lane built with
+`sampling=True` (the default when its own temperature is > 0) compiles the sampling program
+and serves greedy rows in it (a row at temperature 0 takes the argmax, exactly as the greedy
+program does); a lane built with `sampling=False` compiles the cheaper greedy program and
+serves greedy requests only.
 
 A lane knows nothing of the engine: it is built from explicit arguments (the model, the
 engine's sizes, mesh and rules) and reports what each step did (`Report`: the events, with
@@ -75,8 +85,8 @@ def _row_inputs(decoder, row_inputs) -> dict:
                    donate_argnames=("state",))
 def _admit(params, state, traced, tokens, valid, seeds, row_inputs, slots, *, decoder, cfg,
            static, prompt_len, mesh, rules):
-  """Inits A rows (tokens [A, p]) with their requests' keys (and row inputs, for a decoder
-  with `row_options`) and scatters them into `slots`."""
+  """Inits A rows (tokens [A, p]) with their requests' keys and traced options ([A] leaves;
+  and row inputs, for a decoder with `row_options`) and scatters them into `slots`."""
   new = decoder.init(params, cfg, static, traced, tokens, valid, rows.request_keys(seeds),
                      **_row_inputs(decoder, row_inputs))
   new = decoder.pad(cfg, static, new, prompt_len)
@@ -133,11 +143,13 @@ class _Live:
 
 
 class Lane:
-  """One method with one option set: its slots, queue and device state.
+  """One method with one static option set: its slots, queue and device state.
 
   Args:
     method, options: the method (a registry name served by `rows.for_method`) and the
-      lane's options.
+      lane's options: its static options, the defaults of its traced ones, and `sampling`
+      (True / False / None: whether it compiles the sampling program; None: True when the
+      lane's own temperature is > 0; module docstring).
     params, cfg: the model's (placed) parameters and config.
     slots: B, rows decoded together.
     prompt_buckets, admit_sizes: the static prompt lengths and admission sizes.
@@ -157,8 +169,8 @@ class Lane:
     self.mesh, self.rules, self.decode_text = mesh, rules, decode_text
     self.decoder = rows.for_method(method)
     self.options = dict(options)
-    self.opts = self.decoder.make_options(cfg, self.options)
-    self.static, self.traced = self.decoder.split(self.opts)
+    self.sampling = self._sampling(self.options.pop("sampling", None))
+    self.opts, self.static, self.traced = self.resolve({})
     self.gen_length = self.decoder.gen_length(self.static)
     self.decoder.check_window(cfg, self.static, self.prompt_buckets[-1])
     self.mask_id = self.decoder.mask_id(cfg, self.static)
@@ -169,6 +181,30 @@ class Lane:
     self.slots: list[_Live | None] = [None] * slots
     self.retire = np.zeros(slots, bool)
     self.state = self._empty_state()
+
+  def _sampling(self, sampling) -> bool:
+    """Whether the lane compiles the sampling program (see the module docstring)."""
+    names = self.decoder.sampling_options
+    if sampling is None:
+      return any(self.options.get(name, 0) != 0 for name in names)
+    sampling = base.check_flag("sampling", sampling)
+    if sampling and not names:
+      raise ValueError(f"sampling=True: the {self.method!r} lane's temperature is static (each "
+                       "value compiles its own program), so it serves the temperature in its "
+                       "options only; drop sampling and set the lane's temperature.")
+    return sampling
+
+  def resolve(self, options: dict):
+    """(opts, static, traced) of a request's options over the lane's: the checked options
+    (ValueError naming a bad one), their jit-static part as this lane compiles it and their
+    traced values ([] leaves). A request fits the lane when its static part is the lane's."""
+    merged = {**self.options, **options}
+    opts = self.decoder.make_options(self.cfg, merged)
+    static, traced = self.decoder.split(opts)
+    if self.sampling:  # the sampling program, whatever the request's own values
+      sampled = {name: 1.0 for name in self.decoder.sampling_options}
+      static = self.decoder.split(self.decoder.make_options(self.cfg, {**merged, **sampled}))[0]
+    return opts, static, traced
 
   # ------------------------------------------------------------------ device calls
   def _kw(self):
@@ -181,7 +217,8 @@ class Lane:
   def _empty_state(self):
     b, p = self.num_slots, self.prompt_buckets[-1]
     shapes = jax.eval_shape(
-        lambda: self.decoder.init(self.params, self.cfg, self.static, self.traced,
+        lambda: self.decoder.init(self.params, self.cfg, self.static,
+                                  rows.stack_traced([self.traced] * b),
                                   jnp.zeros((b, p), jnp.int32), jnp.ones((b, p), bool),
                                   rows.request_keys(np.zeros(b, np.uint32)),
                                   **_row_inputs(self.decoder, jnp.zeros((b,), jnp.int32))))
@@ -201,11 +238,12 @@ class Lane:
     seeds[:len(requests)] = [r.seed for r in requests]
     inputs = np.full(a, self.filler_input, np.int32)
     inputs[:len(requests)] = [r.row_input for r in requests]
+    traced = rows.stack_traced([r.traced for r in requests]
+                               + [self.traced] * (a - len(requests)))
     where = np.full(a, self.num_slots, np.int32)  # unused rows: out of range, dropped
     where[:len(requests)] = slots
     with self.context():
-      self.state = _admit(self.params, self.state, self.traced, tokens, valid, seeds, inputs,
-                          where,
+      self.state = _admit(self.params, self.state, traced, tokens, valid, seeds, inputs, where,
                           prompt_len=self.prompt_buckets[-1], **self._kw())
 
   def run(self, max_steps: int):
@@ -230,7 +268,8 @@ class Lane:
     empties the lane again. Needs an idle lane."""
     for a in self.admit_sizes:
       for p in self.prompt_buckets:
-        dummy = [Request(-1, (self.filler_id,) * p, self.method, 1, (), 0, 0.0)] * a
+        dummy = [Request(-1, (self.filler_id,) * p, self.method, 1, (), 0, 0.0,
+                         traced=self.traced)] * a
         self.admit_batch(dummy, list(range(a)))
     self.retire[:] = True
     self.run(1)

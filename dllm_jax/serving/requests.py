@@ -8,6 +8,7 @@ reaches a slot, so it cannot disturb the requests being decoded.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,11 @@ class UnknownMethodError(RequestError):
 
 class BadOptionError(RequestError):
   """An option, max_new_tokens, stop ids or the seed is invalid for the request's method."""
+
+
+class QueueFullError(RequestError):
+  """The request's lane already holds `max_queue` requests waiting for a slot (backpressure:
+  retry later)."""
 
 
 class PromptTooLongError(RequestError):
@@ -60,6 +66,8 @@ class Request:
     arrival: `time.perf_counter()` at submission.
     row_input: what the lane's decoder reads from the request's per-row options
       (`RowDecoder.row_input`; adaptive: the mode its task tag forces, -1 for none).
+    traced: the request's traced options ([] leaves: temperature, top_p, thresholds, ...),
+      which its row decodes with (`Lane.resolve`).
   """
   id: int
   prompt: tuple[int, ...]
@@ -69,6 +77,7 @@ class Request:
   seed: int
   arrival: float
   row_input: int = 0
+  traced: Any = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)

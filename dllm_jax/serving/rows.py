@@ -18,11 +18,11 @@ so a batch row can be replaced by a fresh one while the others keep their state.
   check_window(cfg, static, P)                  the lane's window check (ValueError)
   mask_id(cfg, static) -> the id prompts must not hold (diffusion's [MASK]) or None
   init(params, cfg, static, traced, tokens [A, p], valid [A, p], keys [A], mesh, rules)
-      -> state of A rows (the method's batched init: AR prefill, D2F's first forward);
+      -> state of A rows (traced: [A] leaves, each row's own options) (the method's batched init: AR prefill, D2F's first forward);
       a decoder with `row_options` also gets row_inputs [A] (`row_input` of each request)
   pad(cfg, static, state, P) -> the A-row state as if its prompts were padded to P
   step(params, cfg, static, state, mesh, rules) -> state   (one batched forward)
-  with_traced(state, traced) -> state holding the traced options (a shared, scalar field)
+  with_traced(state, traced) -> state holding the traced options ([B] leaves, one per row)
   progress(static, state) -> (response [B, G], prefix [B], done [B], finite [B], nfe [B])
       prefix: leading response slots that are final (what may be streamed); nfe: forwards
       the row was live in.
@@ -30,7 +30,9 @@ so a batch row can be replaced by a fresh one while the others keep their state.
 Insertion is generic (`row_axes`, `scatter_rows`): every non-scalar leaf of a state is per
 row on axis 0, except the K/V caches' k and v ([L, B, S, K, Dh]) on axis 1 (the caches are
 the state fields a decoder names in `cache_fields`: `cache`, or speculative's and adaptive's
-`tcache` and `dcache`); scalars (loop counters, traced options) are shared and kept. A decoder
+`tcache` and `dcache`); scalars (loop counters) are shared and kept. The traced options are
+per row ([B] leaves: each row holds its request's values, `stack_traced`), so requests with
+different temperatures, top_p or thresholds share one batch and one program. A decoder
 whose state breaks that rule overrides `row_axes`.
 
 Served decoders (`register(decoder_class, rows)` adds one, with no change to the engine; the
@@ -141,6 +143,10 @@ class RowDecoder:
   lane_options = ()
   # State fields that are K/V caches: their k and v ([L, B, S, K, Dh]) are per row on axis 1.
   cache_fields = ("cache",)
+  # Traced options whose zero is a program of its own (`base.ZERO_IS_STATIC`: temperature 0
+  # compiles argmax with no sampling in it). A lane built sampling-capable (`Lane`) compiles
+  # the sampling program and serves every value of these per row, zero included.
+  sampling_options = ()
   # Request options that may differ from row to row of a lane (adaptive's `task` tag):
   # `row_input` turns a request's into one int32, and `init` receives the admitted rows'
   # as `row_inputs` [A] (only decoders that declare some).
@@ -178,6 +184,8 @@ class RowDecoder:
 class ARRows(RowDecoder):
   """Autoregressive rows: prefill admits a row, one token per forward."""
 
+  sampling_options = ("temperature",)
+
   def __init__(self):
     super().__init__(method="", needs_mask=False)
 
@@ -212,6 +220,8 @@ class ARRows(RowDecoder):
 
 class D2FRows(RowDecoder):
   """D2F / block-diffusion rows: the first forward (prompt + block 0) admits a row."""
+
+  sampling_options = ("temperature",)
 
   def __init__(self):
     super().__init__(method="", needs_mask=True)
@@ -276,6 +286,8 @@ class FastDLLMRows(RowDecoder):
 
   Written over the method's `protocol.LoopDecoder` module (`init_state`, `step`, `check`),
   its options class and defaults, so LLaDA / Dream rows (`LLaDARows`) share it."""
+
+  sampling_options = ("temperature",)
 
   def __init__(self):
     super().__init__(method="", needs_mask=True)
@@ -342,6 +354,8 @@ class LLaDARows(FastDLLMRows):
   forwards it was live in), so its block, count and keys do not depend on when it joined;
   it is done when its answer is final or its S steps ran."""
 
+  sampling_options = ("temperature", "alg_temp")
+
   def progress(self, static, state):
     response = state.canvas[:, -static.gen_length:]
     return (response, _leading_true(response != static.mask_id), state.done, state.finite,
@@ -396,15 +410,23 @@ def _is_key(x) -> bool:
   return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
+def stack_traced(traced: list):
+  """The traced options of A rows ([] leaves each, e.g. one set per request) as one set of
+  [A] leaves: what a lane's init takes, so every row decodes with its own values."""
+  return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *traced)
+
+
 def empty_like(shapes, decoder: RowDecoder, traced):
   """A state of the given abstract shapes with every row done (empty slots) and the lane's
-  traced options (shared fields, which admissions keep)."""
+  traced options in every row (an admission replaces a row's with its request's)."""
   def make(s):
     if _is_key(s):
       return jnp.broadcast_to(jax.random.key(0), s.shape)
     return jnp.zeros(s.shape, s.dtype)
   state = jax.tree_util.tree_map(make, shapes)
-  state = decoder.with_traced(state, jax.tree_util.tree_map(jnp.asarray, traced))
+  b = state.done.shape[0]
+  state = decoder.with_traced(state, jax.tree_util.tree_map(jnp.asarray,
+                                                            stack_traced([traced] * b)))
   return state.replace(done=jnp.ones_like(state.done), finite=jnp.ones_like(state.finite))
 
 

@@ -10,8 +10,10 @@ G gen_length, k draft_length, L layers, K kv heads, Dh head dim.
 A lane serves one drafter: `drafter_params` / `drafter_cfg` are lane options (given once, to
 the engine; a request that names them is refused) and the params ride beside the target's
 as the lane's params `(target_params, drafter_params)`, traced arguments of the lane's
-jitted programs, never jit-static. Every other option (drafter kind, draft_length,
-draft_steps, temperature, top_k, top_p: all jit-static here) is fixed per lane too.
+jitted programs, never jit-static. The target's sampling (temperature, top_k, top_p) is per
+row (the state's `traced`, [B] each: `speculative.sampling_options`), so requests with
+their own values share a sampling-capable lane; every other option (drafter kind,
+draft_length, draft_steps) is fixed per lane.
 
 `decoding.speculative` keeps every cursor per row: the committed count `n`, both K/V caches'
 lengths (target [L, B, P + G, K, Dh]; drafter [L, B, max(P + G, 2k + 1), K, Dh]), the AR
@@ -39,6 +41,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dllm_jax.decoding import base
 from dllm_jax.decoding import speculative as spec
@@ -105,6 +108,8 @@ class DraftedRows(rows.RowDecoder):
 class SpeculativeRows(DraftedRows):
   """Speculative rows: round 0 (draft + verifying prefill) admits a row; one round a step."""
 
+  sampling_options = ("temperature",)
+
   def __init__(self):
     super().__init__(method="", needs_mask=False)
 
@@ -117,7 +122,11 @@ class SpeculativeRows(DraftedRows):
     return spec._drafter_capacity(prompt_len, static.opts)
 
   def split(self, opts: SpeculativeStatic):
-    return opts, ()  # every option is static (temperature included: greedy is its own rule)
+    # The target's sampling is traced per row (temperature 0 keeps its own program, the
+    # greedy rule: `base.ZERO_IS_STATIC`); every other option is static.
+    static, traced = base.split_options(opts.opts, {"temperature": 0.0, "top_k": 0,
+                                                    "top_p": 1.0}, {"top_k": np.int32})
+    return SpeculativeStatic(static, opts.drafter_cfg), traced
 
   def mask_id(self, cfg: ModelConfig, static: SpeculativeStatic):
     # A diffusion drafter reads [MASK] as a blank; the AR target has no such id.
@@ -130,7 +139,7 @@ class SpeculativeRows(DraftedRows):
            rules=None):
     tparams, dparams = params
     return spec._init(tparams, dparams, tokens, valid, keys, tcfg=cfg,
-                      dcfg=static.drafter_cfg, opts=static.opts)
+                      dcfg=static.drafter_cfg, opts=static.opts, traced=traced)
 
   def step(self, params, cfg, static: SpeculativeStatic, state, mesh=None, rules=None):
     tparams, dparams = params
@@ -138,7 +147,7 @@ class SpeculativeRows(DraftedRows):
                       opts=static.opts)
 
   def with_traced(self, state, traced):
-    return state
+    return state.replace(traced=traced)
 
   def progress(self, static: SpeculativeStatic, state):
     # response[:n] is committed (final); a row's forwards: its rounds, each one target
