@@ -2,8 +2,9 @@
 
 The final text is `cut_at_stop(decode_text(tokens), stop)` (what `Sampler.sample` returns
 for the same tokens); while streaming, the visible text is that cut of the tokens so far,
-less the trailing characters a later token may change (`sampler._held_back`: an unfinished
-UTF-8 character, or the start of a stop string). So the deltas concatenate to the final text.
+less the trailing characters a later token may change (`held_back`: an unfinished UTF-8
+character, and the start of a stop string before it). So the deltas concatenate to the final
+text.
 """
 
 from __future__ import annotations
@@ -11,6 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dllm_jax import sampler as sampler_lib
+
+
+def held_back(text: str, stop: Sequence[str]) -> int:
+  """Trailing characters a stream must not show yet: unfinished UTF-8 characters (U+FFFD
+  from a cut byte sequence) and, before them, the start of a stop string that the next
+  tokens may complete (`sampler._held_back` on the text without the U+FFFD tail)."""
+  head = text.rstrip("\ufffd")
+  return len(text) - len(head) + sampler_lib._held_back(head, stop)
 
 
 class StopText:
@@ -33,7 +42,7 @@ class StopText:
       return ""
     text, self.stopped = self._cut()
     if not self.stopped:
-      text = text[:len(text) - sampler_lib._held_back(text, self.stop)]
+      text = text[:len(text) - held_back(text, self.stop)]
     delta = text[len(self.shown):] if text.startswith(self.shown) else ""
     self.shown += delta
     return delta
