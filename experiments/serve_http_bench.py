@@ -1,6 +1,7 @@
 """HTTP serving benchmark: a thin shell around `studylib.serve_http_bench.run`.
 
-  python experiments/serve_http_bench.py   # = --config configs/serve_http_bench.py --workdir runs/serve_http_bench
+  python experiments/serve_http_bench.py   # --config configs/serve_http_bench.py
+                                           # --workdir runs/serve_http_bench
 
 Writes serve_http_bench.json and serve_http_bench.md (also printed) to --workdir.
 Any config key can be overridden, e.g. --config.concurrency='(16,)'.

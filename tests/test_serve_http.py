@@ -193,7 +193,8 @@ def test_401_for_a_missing_or_wrong_key(server):
     r = _post(server, {"model": "ar", "prompt": "x"}, key=key)
     error = _error(r, 401)
     assert KEY not in r.text and "d2f" not in error["message"]
-    assert httpx.get(f"{server.url}/models", headers={"Authorization": "Bearer no"}).status_code == 401
+    wrong = {"Authorization": "Bearer no"}
+    assert httpx.get(f"{server.url}/models", headers=wrong).status_code == 401
   with pytest.raises(openai.AuthenticationError):
     openai.OpenAI(base_url=server.url, api_key="wrong", max_retries=0).models.list()
   assert httpx.get(f"{server.root}/health").status_code == 200  # no key needed

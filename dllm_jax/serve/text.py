@@ -51,7 +51,9 @@ class StopText:
     """The rest of the final text (the choice's final tokens, if given, replace those added)."""
     if tokens is not None and not self.stopped:
       self.tokens = [int(t) for t in tokens]
-    delta = sampler_lib._final_delta(self._cut()[0], self.shown)
+    text, stopped = self._cut()
+    self.stopped = self.stopped or stopped
+    delta = sampler_lib._final_delta(text, self.shown)
     self.shown += delta
     return delta
 
