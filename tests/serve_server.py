@@ -30,7 +30,8 @@ G = 16
 SLOTS = 16
 LANES = {"ar": dict(gen_length=G, temperature=1.0),
          "d2f": dict(gen_length=G, block_length=4, temperature=1.0)}
-ENGINE_ARGS = ["--slots", str(SLOTS), "--prompt-buckets", "32", "--admit-sizes", str(SLOTS),
+PROMPT_BUCKET = 32
+ENGINE_ARGS = ["--slots", str(SLOTS), "--prompt-buckets", str(PROMPT_BUCKET), "--admit-sizes", str(SLOTS),
                "--max-prompt-tokens", "32", "--max-steps-per-run", "4"]
 
 
@@ -148,12 +149,15 @@ class References:
     return list(encode_chat(self.model.tokenizer, messages))
 
   def tokens(self, method: str, ids, seed: int, max_tokens: int = G, **options):
-    from dllm_jax.decoding import generate, registry
+    from dllm_jax.decoding import base, generate, registry
     from dllm_jax.serving import request_keys
     opts = {**LANES[method], **options}
     if method in registry.ranking_methods():
       opts["batch_invariant"] = True
-    out = generate(self.model.params, self.model.cfg, [list(ids)], method=method,
+    # Left padded to the server's prompt bucket: every reference of a method and sampling
+    # mode is one program (padding changes no output).
+    prompt = base.pad_prompts([list(ids)], base.output_pad_id(self.model.cfg), PROMPT_BUCKET)
+    out = generate(self.model.params, self.model.cfg, prompt, method=method,
                    rng=request_keys([seed]), **opts)
     return np.asarray(out.tokens[0])[:int(out.lengths[0])].tolist()[:max_tokens]
 

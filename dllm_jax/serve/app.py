@@ -167,7 +167,7 @@ class _Call:
     if isinstance(event, StreamUpdate):
       delta = text.add(event.new_tokens)
       if text.stopped:
-        return self._finished(index, text.finish(), "stop", len(text.tokens))
+        return self._finished(index, delta + text.finish(), "stop", len(text.tokens))
       return self._visible(index, delta)
     assert isinstance(event, Result)
     if event.status != "ok":
