@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dllm_jax.serve.metrics import ServerMetrics
-from dllm_jax.serving import Engine, RequestError, Result, StreamUpdate
+from dllm_jax.serving import Engine, RequestError, Result
 
 # The event jax.monitoring reports for each XLA backend compile.
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
