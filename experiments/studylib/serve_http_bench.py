@@ -10,9 +10,8 @@ served twice by an engine of c slots, after warm-up:
           queue takes them all), streamed, so TTFT is the first text chunk's arrival.
 Both decode with the same options and seeds, so their texts are the same (checked:
 `outputs_equal`). Throughput is response tokens / (last answer - first send); TTFT and
-latency are per request from t = 0 (p50 / p95 / p99). `overhead` is the engine's throughput
-over the server's (1.0: HTTP costs nothing; the issue's bar is the server at >= 0.9x the
-engine at concurrency 16, i.e. overhead <= 1.11).
+latency are per request from t = 0 (p50 / p95 / p99). `ratio` is the server's throughput over
+the engine's (1.0: HTTP costs nothing; the issue's bar is >= 0.9 at concurrency 16).
 
 The model samples only the character alphabet's ids (`active_vocab_size`), so every answer
 detokenizes. The child process builds the same model from the config (deterministic: the seed) and
