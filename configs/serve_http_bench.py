@@ -1,0 +1,38 @@
+"""HTTP serving benchmark: the OpenAI-compatible server (`dllm_jax.serve`) driven by the
+official async openai client, against the in-process engine on the same requests (see
+`studylib.serve_http_bench`).
+
+  python experiments/serve_http_bench.py                     # runs/serve_http_bench
+  python experiments/serve_http_bench.py --config.num_requests=48 --config.concurrency='(1,16)'
+
+Workload and model: those of the serving benchmark (configs/serve_bench.py: the mixed
+synthetic suite, short sums and long worked additions, each request with its own answer
+budget and seed; the tiny preset with peaked random weights), character-tokenized. Each
+(method, concurrency) cell serves every request through an engine of `concurrency` slots,
+once in process and once over HTTP (all requests sent at once, streamed).
+"""
+
+from ml_collections import config_dict
+
+
+def get_config():
+  c = config_dict.ConfigDict()
+  c.seed = 0
+  c.preset = "tiny"
+  c.peak = 20.0
+  c.eos_scale = 1.0
+  c.temperature = 1.0
+  c.tasks = "arithmetic:1,arithmetic:2,long_addition:3,long_addition:5"
+  c.num_requests = 192
+  c.concurrency = (1, 16, 64)
+  c.methods = ("d2f",)
+  c.gen_length = 64
+  c.block_length = 8
+  c.max_prompt_len = 32
+  c.max_steps_per_run = 16
+  c.d2f_taus = (("tau_add", 0.1), ("tau_act", 0.95), ("tau_conf", 0.9))
+  c.d2f_max_active_blocks = 2
+  c.draft_length = 4
+  c.adaptive_task_modes = (("arithmetic", "ar"), ("long_addition", "auto"))
+  c.timeout = 600.0  # seconds a cell's HTTP run may take
+  return c
