@@ -496,3 +496,24 @@ def test_cli_writes_scores_and_speed(demo_cache, task_dir, tmp_path):
   speed = results["config"]["dllm_jax"]["speed"]["per_task"][TASK]
   assert speed["response_tokens"] > 0 and speed["nfe"] > 0 and speed["tokens_per_s"] > 0
   assert results["config"]["dllm_jax"]["options"]["block_length"] == 4
+
+
+def test_builtin_demo_task_is_found_by_name(tmp_path, monkeypatch):
+  """`--tasks demo_sums` adds dllm_jax's own task directory (written once, absolute data
+  path) to lm-eval's include path; lm-eval reads its 64 additions; a second --include_path
+  is one clear error."""
+  from dllm_jax.eval import __main__ as eval_cli
+  from dllm_jax.eval import tasks as builtin
+  monkeypatch.setenv("DLLM_JAX_CACHE", str(tmp_path))
+  argv, _, _ = eval_cli.parse_cli(["--model_args", "checkpoint=demo", "--tasks", "demo_sums"])
+  assert argv[-2:] == ["--include_path", str(tmp_path / "lm_eval_tasks")]
+  manager = TaskManager(include_path=argv[-1], include_defaults=False)
+  task = lm_eval.tasks.get_task_dict(["demo_sums"], manager)["demo_sums"]
+  docs = list(task.test_docs())
+  assert docs == builtin.demo_sums() and len(docs) == 64
+  assert all(int(d["answer"].removeprefix("#### ")) == eval(d["question"][:-1]) for d in docs)
+  argv, _, _ = eval_cli.parse_cli(["--model_args", "checkpoint=demo", "--tasks", TASK])
+  assert "--include_path" not in argv
+  with pytest.raises(ValueError, match="one --include_path"):
+    eval_cli.parse_cli(["--model_args", "checkpoint=demo", "--tasks", "demo_sums",
+                        "--include_path", str(tmp_path)])

@@ -1,12 +1,12 @@
 """`python -m dllm_jax.eval`: lm-eval's own command line with the `dllm_jax` model.
 
-  python -m dllm_jax.eval --model_args checkpoint=demo,method=d2f --tasks gsm8k
+  python -m dllm_jax.eval --model_args checkpoint=demo,method=d2f --tasks demo_sums
   python -m dllm_jax.eval --model_args checkpoint=/ckpt/LLaDA-8B-Instruct,adapter=/ckpt/D2F,\
       method=d2f,block_length=32,batch_size=8 --tasks gsm8k --num_fewshot 4 --output_path out/
 
 Every lm-eval flag works (`--tasks`, `--include_path`, `--num_fewshot`, `--limit`,
 `--apply_chat_template`, `--output_path`, `--log_samples`, ...); `--model dllm_jax` is filled
-in. The model args (dllm_jax.eval.args) are checked before anything loads: a mistake there,
+in, and dllm_jax's own offline tasks (`dllm_jax.eval.tasks`: `demo_sums`) are found by name. The model args (dllm_jax.eval.args) are checked before anything loads: a mistake there,
 or a missing checkpoint, prints one `error: ...` line and exits with status 2 (`--debug`
 shows the traceback instead).
 
@@ -77,6 +77,24 @@ def dry_run(args, prompt_len: int = 1024, device_memory=None) -> int:
   return 0
 
 
+def _with_builtin_tasks(rest: list[str]) -> list[str]:
+  """`rest` with `--include_path` of dllm_jax's own tasks (`eval.tasks`) when one is asked
+  for; UsageError if an --include_path of the caller's is given too (lm-eval takes one)."""
+  from dllm_jax.eval import tasks as builtin
+  peek = argparse.ArgumentParser(add_help=False)
+  peek.add_argument("--tasks", "-t", default="")
+  peek.add_argument("--include_path", default=None)
+  known, _ = peek.parse_known_args(rest)
+  asked = {t.strip() for t in str(known.tasks).split(",")} & set(builtin.TASKS)
+  if not asked:
+    return rest
+  if known.include_path is not None:
+    raise UsageError(f"{sorted(asked)} are dllm_jax's own tasks (in {builtin.cache_dir()}); "
+                     "lm-eval takes one --include_path: run them without yours, or copy "
+                     f"their YAML and JSONL from there into {known.include_path}.")
+  return [*rest, "--include_path", str(builtin.task_dir())]
+
+
 def parse_cli(argv: list[str]) -> tuple[list[str], object, bool]:
   """(lm-eval's argv with `--model dllm_jax` filled in, the parsed model args or None,
   --debug). The one place this command reads its flags."""
@@ -101,6 +119,7 @@ def parse_cli(argv: list[str]) -> tuple[list[str], object, bool]:
       model_args.update(split_model_args(piece))
   if known.model is None:
     rest = ["--model", "dllm_jax", *rest]
+  rest = _with_builtin_tasks(rest)
   args = parse_model_args(model_args)
   for name, path in (("checkpoint", args.checkpoint), *args.load.items()):
     if name in ("checkpoint", "adapter", "drafter_model") and path not in (None, "demo") \
