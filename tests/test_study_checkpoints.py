@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import tiny_llada
-from dllm_jax.checkpoints import testing as ckt
 from dllm_jax.data import gsm8k
 from studylib import accounting, checkpoint_study
 from studylib import verdict as verdict_lib
@@ -18,24 +17,6 @@ from studylib import verdict as verdict_lib
 G = 64
 BATCHES = (1, 4)
 N_SHOT = 2  # the tiny BPE spends ~3 ids a character here: 2 shots keep prompts under 128
-
-
-def _write_llama(model_dir, *, layers: int, seed: int):
-  """A tiny LLaMA-layout AR checkpoint with the tiny LLaDA's tokenizer (so that the D2F model
-  can draft for it: the hybrids need one tokenizer)."""
-  backend = tiny_llada.train_bpe(tiny_llada.SPECIALS)
-  model_dir.mkdir(parents=True)
-  backend.save(str(model_dir / "tokenizer.json"))
-  (model_dir / "tokenizer_config.json").write_text(json.dumps({
-      "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>"}))
-  rows = -(-backend.get_vocab_size() // 16) * 16  # padded as the tiny LLaDA's embedding
-  w = ckt.random_weights(vocab=rows, d=32, layers=layers, heads=4,
-                         kv_heads=2, mlp=64, seed=seed)
-  ckt.write_tensors(model_dir, ckt.qwen_tensors(w), ckt.qwen_config(
-      w, heads=4, kv_heads=2, model_type="llama", max_position_embeddings=1024,
-      bos_token_id=backend.token_to_id("<|startoftext|>"),
-      eos_token_id=backend.token_to_id("<|endoftext|>")))
-  return model_dir
 
 
 QUESTIONS = [(f"What is {a} plus {b}?", f"{a}+{b}={a + b}\n#### {a + b}")
@@ -47,8 +28,9 @@ def checkpoints(tmp_path_factory):
   root = tmp_path_factory.mktemp("ckpts")
   paths = {"diffusion": tiny_llada.write_llada_instruct(root / "llada"),
            "d2f_adapter": tiny_llada.write_d2f_adapter(root / "d2f_lora"),
-           "ar": _write_llama(root / "llama", layers=2, seed=3),
-           "drafter": _write_llama(root / "llama_draft", layers=1, seed=4)}
+           "ar": tiny_llada.write_llama_instruct(root / "llama", layers=2, seed=3),
+           "drafter": tiny_llada.write_llama_instruct(root / "llama_draft", layers=1,
+                                                      seed=4)}
   eval_set = root / "gsm8k_test.jsonl"
   eval_set.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n"
                               for q, a in QUESTIONS))
@@ -205,7 +187,7 @@ def test_prompt_too_long_for_the_window_names_the_fix(checkpoints):
 def test_dry_run_plans_every_allowed_cell_from_config_files(checkpoints):
   """`--dry-run` (dllm_jax.dry_run): one plan per cell the checkpoints allow, read from
   config.json and tokenizer.json; a budget too small is refused in one line."""
-  dry_run_lib = pytest.importorskip("dllm_jax.dry_run")
+  from dllm_jax import dry_run as dry_run_lib
   paths, eval_set = checkpoints
   c = study_config(paths, eval_set)
   plans = checkpoint_study.dry_run(c, log=lambda *_: None)

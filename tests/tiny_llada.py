@@ -66,6 +66,25 @@ def write_llada_instruct(model_dir, *, seed: int = 0) -> Path:
   return model_dir
 
 
+def write_llama_instruct(model_dir, *, layers: int = 2, seed: int = 3) -> Path:
+  """A tiny LLaMA-layout AR checkpoint (Meta-Llama-3-8B-Instruct's stand-in) with the tiny
+  LLaDA's tokenizer, so the D2F model can draft for it (the hybrids need one tokenizer)."""
+  model_dir = Path(model_dir)
+  backend = train_bpe(SPECIALS)
+  model_dir.mkdir(parents=True, exist_ok=True)
+  backend.save(str(model_dir / "tokenizer.json"))
+  (model_dir / "tokenizer_config.json").write_text(json.dumps({
+      "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>"}))
+  rows = -(-backend.get_vocab_size() // 16) * 16  # padded as the tiny LLaDA's embedding
+  w = ckt.random_weights(vocab=rows, d=32, layers=layers, heads=4, kv_heads=2, mlp=64,
+                         seed=seed)
+  ckt.write_tensors(model_dir, ckt.qwen_tensors(w), ckt.qwen_config(
+      w, heads=4, kv_heads=2, model_type="llama", max_position_embeddings=1024,
+      bos_token_id=backend.token_to_id("<|startoftext|>"),
+      eos_token_id=backend.token_to_id("<|endoftext|>")))
+  return model_dir
+
+
 def write_d2f_adapter(adapter_dir, *, rank: int = 4, seed: int = 1) -> Path:
   """Writes a PEFT LoRA adapter for the tiny checkpoint (D2F's targets and naming)."""
   rng = np.random.default_rng(seed)

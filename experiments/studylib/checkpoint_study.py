@@ -405,11 +405,7 @@ def dry_run(c, *, log=print) -> list:
   DoesNotFit (one line naming the change) for the first cell that does not fit. Each cell is
   planned on its own: the run holds every configured model at once, so add the other
   models' parameter bytes (in each table) to judge the whole run."""
-  try:
-    from dllm_jax import dry_run as dry_run_lib  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    raise CheckpointStudyError("--dry-run needs dllm_jax.dry_run, which this checkout does not "
-                               "have yet.") from None
+  from dllm_jax import dry_run as dry_run_lib  # pylint: disable=import-outside-toplevel
   check_config(c)
   from dllm_jax.checkpoints import load_tokenizer  # pylint: disable=import-outside-toplevel
   paths = {"ar": c.checkpoints.ar, "diffusion": c.checkpoints.diffusion,
