@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import importlib.util
 import os
 import re
@@ -132,9 +133,14 @@ CHECKPOINTS: dict[str, Callable[[Path], object]] = {
     # README path -> writer of a tiny stand-in in the same published layout
     "/ckpt/LLaDA-8B-Instruct": tiny_llada.write_llada_instruct,
     "/ckpt/D2F_LLaDA_LoRA": tiny_llada.write_d2f_adapter,
+    "/ckpt/Meta-Llama-3-8B-Instruct": tiny_llada.write_llama_instruct,
 }
+# README data path -> writer of a small stand-in (GSM8K's test split: 16 questions, its format)
+DATA = {"/data/gsm8k/test.jsonl": lambda path: path.write_text("".join(
+    json.dumps({"question": f"What is {a} plus {b}?", "answer": f"{a}+{b}={a + b}\n#### {a + b}"})
+    + "\n" for a, b in zip(range(3, 19), range(20, 4, -1))))}
 LENGTHS = [(r"--gen_length(=|\s+)256\b", r"--gen_length\g<1>64"),
-           (r"\bsteps=256\b", "steps=64")]
+           (r"\bsteps=256\b", "steps=64"), (r"\bgen_length=256\b", "gen_length=64")]
 TINY_MODEL = {"model.d_model": 32, "model.n_layers": 1, "model.mlp_dim": 64}
 TINY_RUN = {**TINY_MODEL, "train.steps": 2, "train.batch_size": 8, "train.log_every": 1,
             "opt.warmup_steps": 1}
@@ -189,6 +195,13 @@ class Workspace:
       else:
         raise AssertionError(f"README.md names {readme_path}, for which tests/test_readme.py "
                              "has no tiny stand-in: add a writer to CHECKPOINTS.")
+    for readme_path, write in DATA.items():
+      if readme_path in text:
+        local = self.root / "data" / Path(readme_path).name
+        if not local.exists():
+          local.parent.mkdir(parents=True, exist_ok=True)
+          write(local)
+        text = text.replace(readme_path, str(local))
     text = re.sub(r"(?<![\w/.])runs/", f"{self.root}/runs/", text)
     for pattern, repl in LENGTHS:
       text = re.sub(pattern, repl, text)
@@ -326,6 +339,31 @@ def dry_run_cli(command: str, ws: Workspace) -> None:
   assert "parameters (stored)" in out and "K/V cache" in out and "fits" in out, out[-2000:]
 
 
+def lm_eval_cli(command: str, ws: Workspace) -> None:
+  """lm-eval's CLI with the dllm_jax model: the scores table and the speed line print."""
+  out = run_shell(command, stderr=True)
+  assert "exact_match" in out and re.search(r"\[dllm_jax\] \w+ \w+: \d+ prompts", out), (
+      out[-3000:])
+
+
+def lm_eval_gsm8k(command: str, ws: Workspace) -> None:
+  """GSM8K is on the HF hub: the same command runs with the offline demo_sums task (4
+  questions, no shots) on the tiny stand-ins."""
+  command = command.replace("--tasks gsm8k", "--tasks demo_sums --limit 4")
+  lm_eval_cli(command.replace("--num_fewshot 4", "--num_fewshot 0"), ws)
+
+
+def study_checkpoints_dry_run(command: str, ws: Workspace) -> None:
+  out = run_shell(command, stderr=True)
+  assert "parameters (stored)" in out and "K/V cache" in out, out[-3000:]
+
+
+def study_checkpoints(command: str, ws: Workspace) -> None:
+  """Run end to end on tiny checkpoints in these layouts by tests/test_study_checkpoints.py;
+  here the command itself (its flags, config keys and paths) is run as a dry run."""
+  study_checkpoints_dry_run(command + " --dry-run", ws)
+
+
 def stand_in(command: str, ws: Workspace) -> None:
   """A download: the tiny checkpoint written at the path it names stands in for it."""
   local = re.search(r"--local-dir\s+(\S+)", command)
@@ -349,6 +387,13 @@ COMMAND_RULES: list[Rule] = [
          "run with TRAIN_OVERRIDES (2 steps of a tiny model)", train),
     Rule(r"python experiments/serve_bench\.py",
          "run with SERVE_OVERRIDES (8 requests at concurrency 2)", serve_bench),
+    Rule(r"python experiments/study\.py --checkpoints --dry-run .*",
+         "a dry run on the tiny stand-ins' config files", study_checkpoints_dry_run),
+    Rule(r"python experiments/study\.py --checkpoints .*",
+         "end to end in tests/test_study_checkpoints.py; here as a dry run", study_checkpoints),
+    Rule(r"python -m dllm_jax\.eval .*--tasks gsm8k .*",
+         "on the tiny stand-ins with the offline demo_sums task", lm_eval_gsm8k),
+    Rule(r"python -m dllm_jax\.eval .*", "run (the demo, an offline task)", lm_eval_cli),
     Rule(r"python -m dllm_jax\.generate .*--dry_run.*",
          "a dry run on the tiny LLaDA stand-in's config.json (no devices needed)",
          dry_run_cli),
@@ -496,11 +541,17 @@ def expand_braces(path: str) -> list[str]:
 
 
 def known_flags() -> set[str]:
-  """Flags of the documented CLIs: dllm_jax.generate, experiments/{study,train}.py."""
+  """Flags of the documented CLIs: dllm_jax.generate, experiments/{study,train}.py, and
+  dllm_jax.eval (lm-eval's `run` flags plus its own dry-run ones)."""
+  from lm_eval._cli import HarnessCLI
   from dllm_jax import generate
+  from dllm_jax.eval import __main__ as eval_cli
   from studylib import study as study_lib
   flags = {o for a in generate.build_parser()._actions for o in a.option_strings}
   flags |= set(study_lib.MODE_FLAGS) | {"--config", "--workdir"}
+  run = HarnessCLI()._subparsers.choices["run"]
+  flags |= {o for a in run._actions for o in a.option_strings}
+  flags |= set(eval_cli.DRY_RUN_FLAGS) | {"--prompt_len", "--device_memory"}
   return flags
 
 
