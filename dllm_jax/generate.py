@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                  help="response slots (default: a run's answer canvas, else 256)")
   p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
   p.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
-                 help="HF checkpoints: convert to this dtype (default: the checkpoint's own)")
+                 help="HF checkpoints: convert to this dtype (default: the checkpoint's own; "
+                      "on CPU a bfloat16 one computes in float32, which is faster there)")
   p.add_argument("--mesh", default=None,
                  help='mesh shape as JSON, e.g. \'{"tensor": 8}\'; default: one device')
   p.add_argument("--data_parallel", choices=("shard_map", "spmd"), default=None,

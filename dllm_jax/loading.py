@@ -129,6 +129,7 @@ def load_model(path, method: str, *, kind: str = "auto", dtype: str | None = Non
     return model if demo_root is None else _with_demo_drafter(model, method, demo_root, mesh)
   from dllm_jax import checkpoints
   if found == "hf":
+    dtype = platform_dtype(path) if dtype is None else dtype
     cfg, params = checkpoints.load_pretrained(path, dtype=dtype, mesh=mesh, adapter_dir=adapter,
                                               merge_lora=merge_lora, strict=strict)
   else:
@@ -138,6 +139,44 @@ def load_model(path, method: str, *, kind: str = "auto", dtype: str | None = Non
             "tokenizer files there." if found == "converted" else "")
     raise FileNotFoundError(f"{path} has no tokenizer.json, so text cannot be encoded.{hint}")
   return LoadedModel(params, cfg, checkpoints.load_tokenizer(path), found)
+
+
+def _host_memory() -> int | None:
+  try:
+    import os  # pylint: disable=import-outside-toplevel
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def platform_dtype(path) -> str | None:
+  """The load dtype when the caller names none: the checkpoint's own (None), except a
+  bfloat16 HF checkpoint on CPU, which computes in float32 when its float32 weights take at
+  most half the host's memory. XLA:CPU converts bfloat16 matmul operands to float32 and
+  back, so there a bfloat16 forward is slower than a float32 one (experiments/bench_step.py,
+  its dtype table); on GPUs and TPUs bfloat16 is the fast path and is kept. The choice is
+  logged; pass dtype="bfloat16" to keep the checkpoint's."""
+  import jax  # pylint: disable=import-outside-toplevel
+  if jax.default_backend() != "cpu":
+    return None
+  from dllm_jax.checkpoints import hf  # pylint: disable=import-outside-toplevel
+  from dllm_jax.models.transformer import abstract_params  # pylint: disable=import-outside-toplevel
+  cfg, _ = hf.config_from_hf(path)
+  if cfg.param_dtype != "bfloat16":
+    return None
+  size = sum(leaf.size for leaf in jax.tree.leaves(abstract_params(cfg)))
+  memory = _host_memory()
+  if memory is not None and 4 * size > memory // 2:
+    logging.getLogger(__name__).warning(
+        "%s: kept in bfloat16 on CPU (float32 would take %.1f GiB, over half this host's "
+        "%.1f GiB); float32 computes faster on CPU where it fits.", path, 4 * size / 2**30,
+        memory / 2**30)
+    return None
+  logging.getLogger(__name__).warning(
+      "%s: a bfloat16 checkpoint computed in float32 on CPU, where it runs faster (XLA:CPU "
+      "converts bfloat16 per matmul); pass dtype='bfloat16' (--dtype bfloat16) to keep it.",
+      path)
+  return "float32"
 
 
 def is_demo(path, kind: str = "auto") -> bool:

@@ -190,7 +190,8 @@ class Sampler:
       path: "demo", a HF model dir, a converted dir or a training workdir.
       method: the decoding method.
       kind: "auto" (detected from the files) or the kind `path` must be.
-      dtype: "bfloat16" / "float32" for HF checkpoints; None keeps the checkpoint's.
+      dtype: "bfloat16" / "float32" for HF checkpoints; None keeps the checkpoint's, except
+        a bfloat16 one on CPU, which computes in float32 (`loading.platform_dtype`).
       adapter, merge_lora: a PEFT LoRA adapter for a HF checkpoint (load_pretrained).
       step: the checkpoint step of a training workdir (default: latest).
       mesh: decode on this mesh (parameters placed on it at load).

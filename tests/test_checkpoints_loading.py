@@ -145,3 +145,25 @@ def test_nan_in_adapter_is_named(tmp_path):
         r"base_model\.model\.model\.transformer\.blocks\.1\.q_proj\.lora_B\.weight \(1 of 128 ")):
       checkpoints.load_pretrained(base, adapter_dir=adapter, merge_lora=merge)
   assert _snapshot(tmp_path) == before
+
+
+def test_a_bfloat16_checkpoint_computes_in_float32_on_cpu(tmp_path, caplog, monkeypatch):
+  """Sampler.load / the CLI on CPU: a bfloat16 HF checkpoint loads in float32 (the faster
+  path on XLA:CPU) with a log line saying so, unless dtype is named or float32 would take
+  over half the host's memory; a float32 checkpoint is left alone."""
+  from dllm_jax import loading
+  path = _write_model(tmp_path / "bf16", dtype=ml_dtypes.bfloat16)
+  with caplog.at_level("WARNING", logger="dllm_jax.loading"):
+    model = loading.load_model(path, "llada")
+  assert model.cfg.param_dtype == model.cfg.dtype == "float32"
+  assert model.params["layers"]["attn"]["q"]["kernel"].dtype == jnp.float32
+  assert "computed in float32 on CPU" in caplog.text and "dtype='bfloat16'" in caplog.text
+  kept = loading.load_model(path, "llada", dtype="bfloat16")
+  assert kept.cfg.param_dtype == "bfloat16"
+  caplog.clear()
+  monkeypatch.setattr(loading, "_host_memory", lambda: 1 << 10)  # 1 KiB: float32 cannot fit
+  with caplog.at_level("WARNING", logger="dllm_jax.loading"):
+    small = loading.load_model(path, "llada")
+  assert small.cfg.param_dtype == "bfloat16" and "kept in bfloat16" in caplog.text
+  f32 = _write_model(tmp_path / "f32")
+  assert loading.platform_dtype(f32) is None
