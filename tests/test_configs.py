@@ -312,7 +312,7 @@ assert "jax" not in sys.modules and "flax" not in sys.modules
 
 
 @pytest.mark.parametrize("script", ["study", "train", "serve_bench", "scaling", "bench_decode",
-                                    "bench_data_parallel", "calibrate_adaptive"])
+                                    "bench_data_parallel", "calibrate_adaptive", "bench_step"])
 def test_experiment_scripts_find_their_configs_from_any_directory(script, tmp_path):
   """Run from another directory, `configs/...` is the repository's (an override of a key it
   lacks is then reported against it, so the config was found); a config file found nowhere,

@@ -19,6 +19,9 @@ States are taken at `config.points` fractions of the decode (by the greedy decod
 count), so a decoder whose steps differ along the decode (D2F's window, Fast-dLLM's block
 refreshes) is measured at several; the table sums them.
 
+A third table: AR's decode-step forward in float32 against bfloat16 (`dtype_scales`), the
+fast compute dtype of the platform (`loading.platform_dtype` picks float32 on CPU).
+
 A second table: a batch of rows with different prompt lengths (and, on a trained model,
 different finishing steps) decoded by `generate` against the same rows decoded one at a time
 at batch 1 (the sum of their times), per decoder.
@@ -300,9 +303,36 @@ def measure_batch_cost(config, cfg, params, drafter, cell: Cell, batch) -> dict:
           "rows_equal_batch": bool(same)}
 
 
+def measure_dtypes(config, cfg: ModelConfig) -> list[dict]:
+  """AR's decode-step forward (one token per row against a cache of P + G slots) in float32
+  and in bfloat16 weights and compute, interleaved: which dtype is the fast path here."""
+  records = []
+  for b in config.batches:
+    programs = {}
+    for dtype in ("float32", "bfloat16"):
+      c = cfg.replace(dtype=dtype, param_dtype=dtype)
+      params = init_params(c, jax.random.key(config.seed))
+      plan = protocol.plan("ar", c, {"gen_length": config.gen_length})
+      tokens, valid = prompts(config, b, c.vocab_size, config.seed + b)
+      state = protocol.jit_init(params, jax.numpy.asarray(tokens), jax.numpy.asarray(valid),
+                                jax.random.key(0), plan.traced, decoder=plan.decoder)
+      calls: list[Call] = []
+      with spy(calls, [params]), jax.disable_jit():
+        plan.decoder.step(params, state)
+      bare, inputs = bare_program(calls)
+      programs[dtype] = (bare, ([params], inputs))
+    times = {d: [] for d in programs}
+    for _ in range(config.repeats):
+      for d, (fn, args) in programs.items():
+        times[d].append(_time(fn, args, config.inner))
+    records.append({"batch": b, **{f"{d}_best_s": min(t) for d, t in times.items()},
+                    "bf16_over_f32": min(times["bfloat16"]) / min(times["float32"])})
+  return records
+
+
 # ----------------------------------------------------------------------------- report
 
-def table(records: list[dict], batch_records: list[dict]) -> str:
+def table(records: list[dict], batch_records: list[dict], dtype_records=()) -> str:
   lines = ["| scale | decoder | B | step ms | bare forward ms | step / bare (best) | "
            "(median) | own share | flops step / bare | bytes step / bare |",
            "|---|---|---|---|---|---|---|---|---|---|"]
@@ -320,6 +350,11 @@ def table(records: list[dict], batch_records: list[dict]) -> str:
           f"| {r['scale']} | {r['decoder']} | {r['batch']} | {1e3 * r['batch_best_s']:.2f} | "
           f"{1e3 * r['rows_best_s']:.2f} | {r['ratio_best']:.2f}x | {r['ratio_median']:.2f}x | "
           f"{r['batch_nfe']} | {r['rows_nfe']} |")
+  if dtype_records:
+    lines += ["", "| scale | B | AR forward f32 ms | bf16 ms | bf16 / f32 |", "|---|---|---|---|---|"]
+    for r in dtype_records:
+      lines.append(f"| {r['scale']} | {r['batch']} | {1e3 * r['float32_best_s']:.3f} | "
+                   f"{1e3 * r['bfloat16_best_s']:.3f} | {r['bf16_over_f32']:.2f}x |")
   return "\n".join(lines)
 
 
@@ -327,7 +362,7 @@ def run(config, workdir: str) -> dict:
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   longest = config.gen_length + config.max_prompt_len
-  records, batch_records = [], []
+  records, batch_records, dtype_records = [], [], []
   for scale in config.scales:
     cfg = bench_model(config, scale, longest)
     params = init_params(cfg, jax.random.key(config.seed))
@@ -346,11 +381,13 @@ def run(config, workdir: str) -> dict:
         rec = measure_batch_cost(config, model_cfg, params, drafter, cell, batch)
         rec["scale"] = scale
         batch_records.append(rec)
-  report = table(records, batch_records)
+    if scale in config.dtype_scales:
+      dtype_records += [dict(r, scale=scale) for r in measure_dtypes(config, cfg)]
+  report = table(records, batch_records, dtype_records)
   print(report)
   result = {"schema_version": SCHEMA_VERSION, "config": config.to_dict(),
             "devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count(),
-            "records": records, "batch_cost": batch_records}
+            "records": records, "batch_cost": batch_records, "dtypes": dtype_records}
   (workdir / "bench_step.json").write_text(json.dumps(result, indent=1, default=str))
   (workdir / "bench_step.md").write_text(report + "\n")
   return result
