@@ -36,6 +36,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -180,6 +181,7 @@ class Workspace:
   def __init__(self, root: Path):
     self.root = root
     self.written: dict[str, Path] = {}
+    self.server = None  # the README's server, once its serve command ran
 
   def checkpoint(self, readme_path: str) -> Path:
     if readme_path not in self.written:
@@ -364,6 +366,69 @@ def study_checkpoints(command: str, ws: Workspace) -> None:
   study_checkpoints_dry_run(command + " --dry-run", ws)
 
 
+README_PORT = "8000"
+
+
+class ReadmeServer:
+  """The README's `python -m dllm_jax.serve ...` in the background on a free loopback port
+  (its `--port 8000` replaced), until `close()`; `substitute` points a curl command or a
+  client block at it."""
+
+  def __init__(self, command: str, timeout: float = 900.0):
+    import httpx
+    from serve_server import free_port
+    self.port = str(free_port())
+    argv = shlex.split(command)
+    argv[argv.index("--port") + 1] = self.port
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO),
+               **compilation_cache_env())
+    self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      if self.proc.poll() is not None:
+        raise AssertionError(f"`{command}` exited ({self.proc.returncode}):\n"
+                             f"{self.proc.stdout.read()[-4000:]}")
+      try:
+        if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2).status_code == 200:
+          return
+      except httpx.HTTPError:
+        pass
+      time.sleep(0.5)
+    self.close()
+    raise AssertionError(f"`{command}` did not answer /health within {timeout:.0f} s")
+
+  def substitute(self, text: str) -> str:
+    return text.replace(f"127.0.0.1:{README_PORT}", f"127.0.0.1:{self.port}")
+
+  def close(self) -> None:
+    if self.proc.poll() is None:
+      self.proc.terminate()
+      try:
+        self.proc.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def readme_serve_command() -> str:
+  (command,) = [c for _, c in _shell_cases() if c.startswith("python -m dllm_jax.serve ")]
+  return command
+
+
+def serve_cli(command: str, ws: Workspace) -> None:
+  """Started in the background (the README runs it in its own shell) for the requests after
+  it; the test stops it at the end."""
+  ws.server = ReadmeServer(command)
+
+
+def curl_server(command: str, ws: Workspace) -> None:
+  """Sent to the server the serve command above started."""
+  assert getattr(ws, "server", None) is not None, "a request before the serve command"
+  body = json.loads(run_shell(ws.server.substitute(command)))
+  assert body["choices"][0]["text"].strip(), body
+
+
 def stand_in(command: str, ws: Workspace) -> None:
   """A download: the tiny checkpoint written at the path it names stands in for it."""
   local = re.search(r"--local-dir\s+(\S+)", command)
@@ -399,13 +464,17 @@ COMMAND_RULES: list[Rule] = [
          dry_run_cli),
     Rule(r"python -m dllm_jax\.generate .*",
          "run on the tiny LLaDA + D2F adapter stand-ins, 8 fake CPU devices", generate_cli),
+    Rule(r"python -m dllm_jax\.serve .*--port 8000.*",
+         "started in the background for the requests after it", serve_cli),
+    Rule(r"curl -s http://127\.0\.0\.1:8000/\S+ .*",
+         "sent to the server the README's serve command started", curl_server),
     Rule(r"huggingface-cli download \S+ --local-dir \S+",
          "weights cannot be downloaded in CI: the tiny checkpoint stands in", stand_in),
     Rule(r"pip install -U 'jax\[(cuda\d*|tpu)\]'", "accelerator wheels; CI is CPU-only",
          accelerator_only),
 ]
 RUNNABLE_LANGS = {"python", "bash", "sh", "shell", "console"}
-COMMAND_PREFIXES = ("python ", "python3 ", "pip ", "huggingface-cli ", "bash ", "sh ")
+COMMAND_PREFIXES = ("python ", "python3 ", "pip ", "huggingface-cli ", "bash ", "sh ", "curl ")
 
 
 def rule_for(command: str) -> Rule:
@@ -457,7 +526,15 @@ def test_python_block_runs(index, tmp_path, run_devices, demo_cache, monkeypatch
     monkeypatch.setenv(name, value)
   block = [b for b in fenced_blocks(readme()) if b.lang == "python"][index]
   code = Workspace(tmp_path).substitute(block.text)
-  run_devices(code, devices=8)
+  if f"127.0.0.1:{README_PORT}" not in code:
+    run_devices(code, devices=8)
+    return
+  server = ReadmeServer(readme_serve_command())  # a client example: against the README's server
+  try:
+    out = run_devices(server.substitute(code), devices=1)
+  finally:
+    server.close()
+  assert out.strip(), "the client example printed nothing"
 
 
 def _shell_cases():
@@ -480,14 +557,18 @@ def test_readme_commands_run(tmp_path, demo_cache):
   for path in CHECKPOINTS:  # the download commands' stand-ins exist before anything runs
     ws.checkpoint(path)
   previous: dict[str, str] = {}
-  for where, command in _shell_cases():
-    rule = rule_for(command.removesuffix(ELIDED))
-    filled = fill_elision(command, previous.get(where))
-    previous[where] = filled
-    try:
-      rule.run(ws.substitute(filled), ws)
-    except AssertionError as e:
-      raise AssertionError(f"README ({where}) `{command}`, covered by: {rule.why}\n{e}") from None
+  try:
+    for where, command in _shell_cases():
+      rule = rule_for(command.removesuffix(ELIDED))
+      filled = fill_elision(command, previous.get(where))
+      previous[where] = filled
+      try:
+        rule.run(ws.substitute(filled), ws)
+      except AssertionError as e:
+        raise AssertionError(f"README ({where}) `{command}`, covered by: {rule.why}\n{e}") from None
+  finally:
+    if getattr(ws, "server", None) is not None:
+      ws.server.close()
 
 
 def test_inline_paths_and_names_exist():
@@ -509,7 +590,7 @@ def test_inline_paths_and_names_exist():
     if setting:
       assert any(has_key(c, setting.group(1)) for c in configs()), (
           f"README sets {setting.group(1)}, but no config in configs/ has that key")
-    for flag in re.findall(r"(?:^|\s)(--[\w.]+)", span):
+    for flag in re.findall(r"(?:^|\s)(--[\w.-]*\w)", span):
       if flag.startswith("--config."):
         key = flag.removeprefix("--config.")
         assert any(has_key(c, key) for c in configs()), (
@@ -541,8 +622,8 @@ def expand_braces(path: str) -> list[str]:
 
 
 def known_flags() -> set[str]:
-  """Flags of the documented CLIs: dllm_jax.generate, experiments/{study,train}.py, and
-  dllm_jax.eval (lm-eval's `run` flags plus its own dry-run ones)."""
+  """Flags of the documented CLIs: dllm_jax.generate, experiments/{study,train}.py,
+  dllm_jax.eval (lm-eval's `run` flags plus its own dry-run ones) and dllm_jax.serve."""
   from lm_eval._cli import HarnessCLI
   from dllm_jax import generate
   from dllm_jax.eval import __main__ as eval_cli
@@ -552,6 +633,8 @@ def known_flags() -> set[str]:
   run = HarnessCLI()._subparsers.choices["run"]
   flags |= {o for a in run._actions for o in a.option_strings}
   flags |= set(eval_cli.DRY_RUN_FLAGS) | {"--prompt_len", "--device_memory"}
+  from dllm_jax.serve import cli as serve_cli_lib
+  flags |= {o for a in serve_cli_lib.build_parser()._actions for o in a.option_strings}
   return flags
 
 
