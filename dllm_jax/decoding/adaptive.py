@@ -507,7 +507,7 @@ def _plain_ar(tparams, tokens, valid, rng, *, tcfg: ModelConfig, opts: AdaptiveO
 # ----------------------------------------------------------------------------- the decoder
 
 @dataclasses.dataclass(frozen=True)
-class AdaptiveDecoder(spec.RoundDecoder):
+class AdaptiveDecoder(spec.DraftedDecoder):
   """Per row and round: the drafter's block committed in parallel, verified by the AR
   target, or plain AR. `opts` is the static `AdaptiveOptions` (thresholds traced, task map
   resolved by `plan` into per-row forced modes, the `row_inputs`). `plain_ar`: greedy with
@@ -521,6 +521,29 @@ class AdaptiveDecoder(spec.RoundDecoder):
   row_options = ("tasks",)
   attention = "causal"
   drafter_attention = "block_causal"
+  # Served: a lane has one tag map; a request names its own `task` (a row option).
+  lane_options = spec.DraftedDecoder.lane_options + ("task_modes",)
+  lane_row_options = ("task",)
+  sampling_options = ()
+
+  @classmethod
+  def lane_plan(cls, cfg: ModelConfig, options: dict) -> protocol.Plan:
+    if "tasks" in options:
+      raise ValueError("tasks= is generate's list of one tag per prompt; a request names its "
+                       "own tag with task=<tag> (one of the lane's task_modes).")
+    return cls.plan(cfg, **options)
+
+  def row_input(self, options: dict, request: dict) -> int:
+    """The mode code the request's `task` forces (-1: none; the rule decides)."""
+    opts = base.make_options(AdaptiveOptions, {k: v for k, v in options.items()
+                                               if k not in self.lane_options[:2]})
+    return int(opts.forced_modes([request.get("task")], 1)[0])
+
+  def drafter_capacity(self, prompt_len: int) -> int:
+    return drafter_capacity(prompt_len, self.opts)
+
+  def prompt_mask_id(self):
+    return self.drafter_cfg.mask_token_id  # the diffusion drafter's blank
 
   @classmethod
   def option_names(cls) -> tuple[str, ...]:
@@ -568,8 +591,6 @@ class AdaptiveDecoder(spec.RoundDecoder):
       return super().decode(params, tokens, valid, rng, traced, row_inputs, with_stats)
     out, stats = _plain_ar(params[0], tokens, valid, rng, tcfg=self.cfg, opts=self.opts)
     return (out, stats) if with_stats else out
-
-  abstract_params = spec.SpeculativeDecoder.abstract_params
 
 
 # ----------------------------------------------------------------------------- public API

@@ -193,6 +193,15 @@ class ARDecoder(protocol.LoopDecoder):
   init_forwards = True
   attention = "causal"
 
+  def pad(self, state, prompt_len):
+    # The cache is position-ordered: a larger prompt bucket only appends empty slots.
+    return state.replace(cache=protocol.append_cache_slots(state.cache,
+                                                           prompt_len + self.gen_length))
+
+  def progress(self, state):
+    # A live row has committed response[:committed]; a done row's EOS is in it.
+    return state.response, state.committed, state.done, state.finite, state.committed
+
 
 def ar_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
                 on_nonfinite: str = "raise", **options) -> base.DecodeOutput:

@@ -477,6 +477,16 @@ class D2FDecoder(protocol.Decoder):
   def with_offset(self, traced, offset):
     return traced.replace(row_offset=offset)
 
+  def pad(self, state, prompt_len):
+    # Left-pad the kept prompt; the cache (prompt and response in order) gets empty slots.
+    extra = prompt_len - state.prompt.shape[1]
+    state = state.replace(prompt=protocol.pad_axis(state.prompt, 1, extra, 0, self.opts.pad_id),
+                          prompt_valid=protocol.pad_axis(state.prompt_valid, 1, extra, 0, False))
+    if state.cache is not None:
+      state = state.replace(cache=protocol.append_cache_slots(state.cache,
+                                                              prompt_len + self.gen_length))
+    return state
+
   def on_mesh(self, mesh, rules) -> "D2FDecoder":
     return dataclasses.replace(self, mesh=mesh, rules=rules)
 

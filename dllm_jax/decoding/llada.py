@@ -383,6 +383,10 @@ class LLaDADecoder(protocol.LoopDecoder):
   """LLaDA: full-canvas bidirectional forwards, the top-k of each semi-AR block per step."""
   module = sys.modules[__name__]
   options = LLaDAOptions
+  sampling_options = ("temperature", "alg_temp")
+
+  def forwards(self, state):
+    return state.row_step  # each row follows its own S steps
 
 
 DREAM_DEFAULTS = {"remasking": "entropy"}

@@ -277,9 +277,11 @@ class SelfSpecDecoder(spec.RoundDecoder):
   finish = staticmethod(output)
   init_forwards = True   # the init's forward (prompt + mask block) commits the first token
   attention = "selfspec"
+  sampling_options = ()  # every option is static (temperature: greedy is its own rule)
 
   @classmethod
   def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:
+    check_model(cfg)
     opts = base.make_options(SelfSpecOptions, options)
     return protocol.Plan(cls(cfg, opts), {"row_offset": np.int32(0)})
 
@@ -292,6 +294,19 @@ class SelfSpecDecoder(spec.RoundDecoder):
 
   def step(self, params, state):
     return _step(params, state, cfg=self.cfg, opts=self.opts)
+
+  def check_window(self, prompt_len: int) -> None:
+    base.check_window(self.cfg, prompt_len, self.gen_length)
+    check_capacity(self.cfg, prompt_len, self.opts)
+
+  def pad(self, state, prompt_len):
+    # The cache is [prompt width | G]: prepend empty slots (positions are the row's own).
+    extra = prompt_len - (state.cache.capacity - self.gen_length)
+    return state.replace(cache=protocol.prepend_cache_slots(
+        state.cache, extra, _capacity(prompt_len, self.opts)))
+
+  def forwards(self, state):
+    return state.rounds  # one forward a round
 
 
 

@@ -515,10 +515,41 @@ class RoundDecoder(protocol.Decoder):
     return self.finish(self.cfg, self.opts, state)[1]
 
 
+class DraftedDecoder(RoundDecoder):
+  """A round-based hybrid of an AR target and a drafter (speculative, adaptive): served, the
+  drafter is a lane option and each row has a target cache `tcache` ([L, B, P + G, K, Dh])
+  and a drafter cache `dcache`, both holding the prompt in their first p slots."""
+  lane_options = ("drafter_params", "drafter_cfg")
+  cache_fields = ("tcache", "dcache")
+
+  def drafter_capacity(self, prompt_len: int) -> int:
+    """The drafter cache's slots at prompt width `prompt_len`."""
+    raise NotImplementedError
+
+  def check_window(self, prompt_len: int) -> None:
+    base.check_window(self.cfg, prompt_len, self.gen_length)
+    base.check_window(self.drafter_cfg, prompt_len, self.gen_length)
+    check_drafter_capacity(self.drafter_cfg, self.opts, self.drafter_capacity(prompt_len))
+
+  def pad(self, state, prompt_len):
+    # Both caches hold the prompt first: prepend empty slots (positions are the row's own).
+    g = self.gen_length
+    extra = prompt_len - (state.tcache.capacity - g)
+    return state.replace(
+        tcache=protocol.prepend_cache_slots(state.tcache, extra, prompt_len + g),
+        dcache=protocol.prepend_cache_slots(state.dcache, extra,
+                                            self.drafter_capacity(prompt_len)))
+
+  def abstract_params(self):
+    from dllm_jax.models.transformer import abstract_params  # pylint: disable=import-outside-toplevel
+    return abstract_params(self.cfg), abstract_params(self.drafter_cfg)
+
+
 @dataclasses.dataclass(frozen=True)
-class SpeculativeDecoder(RoundDecoder):
+class SpeculativeDecoder(DraftedDecoder):
   """A drafter proposes, the AR target verifies: `opts` is the `SpeculativeOptions`; the state and
-  `params` hold both models ((target, drafter) params)."""
+  `params` hold both models ((target, drafter) params). Served, the target's sampling
+  (temperature, top_k, top_p) is traced per row (`lane_plan`)."""
   drafter_cfg: ModelConfig = None
 
   finish = staticmethod(output)
@@ -546,16 +577,35 @@ class SpeculativeDecoder(RoundDecoder):
     base.check_prompts(dcfg, tokens, valid, opts.gen_length, needs_mask=opts.drafter != "ar")
     check_drafter_capacity(dcfg, opts, _drafter_capacity(np.shape(tokens)[1], opts))
 
+  @classmethod
+  def lane_plan(cls, cfg: ModelConfig, options: dict) -> protocol.Plan:
+    plan = cls.plan(cfg, **options)
+    # Temperature 0 keeps its own program (the greedy rule: `base.ZERO_IS_STATIC`).
+    static, traced = base.split_options(plan.decoder.opts, {"temperature": 0.0, "top_k": 0,
+                                                            "top_p": 1.0}, {"top_k": np.int32})
+    return dataclasses.replace(plan, decoder=dataclasses.replace(plan.decoder, opts=static),
+                               traced=dict(plan.traced, **traced))
+
   def init(self, params, tokens, valid, rng, traced, row_inputs=None):
     return _init(*params, tokens, valid, rng, tcfg=self.cfg, dcfg=self.drafter_cfg,
-                 opts=self.opts, offset=traced["row_offset"])
+                 opts=self.opts, offset=traced["row_offset"],
+                 traced=traced if "temperature" in traced else None)
 
   def step(self, params, state):
     return _step(*params, state, tcfg=self.cfg, dcfg=self.drafter_cfg, opts=self.opts)
 
-  def abstract_params(self):
-    from dllm_jax.models.transformer import abstract_params  # pylint: disable=import-outside-toplevel
-    return abstract_params(self.cfg), abstract_params(self.drafter_cfg)
+  def drafter_capacity(self, prompt_len: int) -> int:
+    return _drafter_capacity(prompt_len, self.opts)
+
+  def prompt_mask_id(self):
+    # A diffusion drafter reads [MASK] as a blank; the AR target has no such id.
+    return None if self.opts.drafter == "ar" else self.drafter_cfg.mask_token_id
+
+  def forwards(self, state):
+    # A row's rounds, each one target forward and the drafter's forwards (k for an AR
+    # drafter, `steps` for a diffusion one), as a one-row decode counts.
+    per_round = self.opts.draft_length if self.opts.drafter == "ar" else self.opts.steps
+    return state.rounds * (1 + per_round)
 
 
 def check_drafter(target_cfg: ModelConfig, drafter_params, drafter_cfg, method: str,

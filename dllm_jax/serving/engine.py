@@ -67,9 +67,6 @@ from dllm_jax.parallel import sharding
 from dllm_jax.serving import lanes as lanes_lib
 from dllm_jax.serving import metrics as metrics_lib
 from dllm_jax.serving import rows
-from dllm_jax.serving import adaptive_rows  # noqa: F401  (registers "adaptive")
-from dllm_jax.serving import selfspec_rows  # noqa: F401  (registers "selfspec")
-from dllm_jax.serving import speculative_rows  # noqa: F401  (registers "speculative")
 from dllm_jax.serving.requests import (
     BadOptionError, InvalidPromptError, MaskInPromptError, PromptTooLongError, QueueFullError,
     Request, RequestError, Result, UnknownMethodError, check_seed, check_stop_ids)
