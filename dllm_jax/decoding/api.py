@@ -8,8 +8,9 @@ Shape legend: B batch, P padded prompt length, G gen_length.
 
 Options are checked against the method's options dataclass (or, for decoders living in other
 modules, against the decoder's keyword-only parameters): a misspelt option is an error, never
-silently ignored. `option_names(method)` lists them (the shared vocabulary is in the package
-docstring); the old D2F spelling `block_size` is an error that says to use `block_length`.
+silently ignored. `option_names(method)` lists them (the shared vocabulary:
+docs/decoding_options.md); the old D2F spelling `block_size` is an error that says to use
+`block_length`.
 
 Rows whose logits were ever non-finite are flagged in `DecodeOutput.finite`; `generate`
 raises `NonFiniteLogitsError` naming them unless `on_nonfinite="flag"`.
