@@ -162,7 +162,7 @@ def test_served_by_the_engine_as_decoded_alone(model, temperature, no_compile_ca
                           max_steps_per_run=3)
   engine.warmup()
   temperatures = [temperature, 0.0, 1.3, temperature, 0.5] if temperature else [0.0] * 5
-  prompts = PROMPTS + [[7, 8, 9, 10, 11, 12, 13], [3]]
+  prompts = PROMPTS + [[7, 8, 9, 10, 11, 12, 13], [6]]
   with backend_compiles() as compiles:
     ids = [engine.submit(p, seed=10 + i, options=dict(temperature=t))
            for i, (p, t) in enumerate(zip(prompts, temperatures))]
