@@ -40,6 +40,12 @@ per prompt, such as adaptive's task tags), `attention` / `drafter_attention` (th
 pattern the decoded model and its drafter are trained with) and `options` (the options
 dataclass whose fields are the option names; or override `option_names`).
 
+The serving lane (`serving.rows`, one adapter for every decoder) also reads hooks declared
+here with defaults: `cache_fields` / `row_axes`, `pad` (re-pad a state to a larger prompt
+bucket), `progress` / `forwards` (per-row response, final prefix, done, finite, NFE),
+`lane_plan`, `lane_options`, `lane_row_options` / `row_input`, `sampling_options`,
+`check_window` and `prompt_mask_id`.
+
 Adding a decoder is one class and one `registry.register` call
 (docs/adding_a_decoder.md walks through one).
 """
