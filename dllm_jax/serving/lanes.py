@@ -66,6 +66,12 @@ def _constrain(decoder, state, mesh, rules):
                                 is_leaf=lambda x: x is None)
 
 
+def _device_of(params):
+  """The device off-mesh params live on (the default device for host arrays)."""
+  arrays = [x for x in jax.tree_util.tree_leaves(params) if isinstance(x, jax.Array)]
+  return next(iter(arrays[0].devices())) if arrays else jax.devices()[0]
+
+
 def mesh_context(mesh, rules):
   """The mesh and logical-axis-rules context device calls run under (none off-mesh)."""
   if mesh is None:
@@ -223,11 +229,14 @@ class Lane:
                                   rows.request_keys(np.zeros(b, np.uint32)),
                                   **_row_inputs(self.decoder, jnp.zeros((b,), jnp.int32))))
     state = rows.empty_like(shapes, self.decoder, self.traced)
-    if self.mesh is not None:
-      with self.context():
-        state = jax.jit(functools.partial(_constrain, self.decoder, mesh=self.mesh,
-                                          rules=self.rules))(state)
-    return state
+    # Committed, like every state `_admit` and `_run` return: a jitted call's cache key holds
+    # its arguments' committedness, so an uncommitted empty state would compile `_admit`
+    # once more, when it first meets a state a run returned.
+    if self.mesh is None:
+      return jax.device_put(state, _device_of(self.params))
+    with self.context():
+      return jax.jit(functools.partial(_constrain, self.decoder, mesh=self.mesh,
+                                       rules=self.rules))(state)
 
   def admit_batch(self, requests: Sequence[Request], slots: Sequence[int]) -> None:
     a = next(s for s in self.admit_sizes if s >= len(requests))
