@@ -35,10 +35,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from dllm_jax.serve import errors, protocol
-from dllm_jax.serve.backend import Backend, QueueFullError
+from dllm_jax.serve.backend import Backend
 from dllm_jax.serve.metrics import CONTENT_TYPE_LATEST
 from dllm_jax.serve.text import StopText
-from dllm_jax.serving import Result, StreamUpdate
+from dllm_jax.serving import QueueFullError, Result, StreamUpdate
 
 _GONE = object()  # put on a call's queue when its client disconnects
 

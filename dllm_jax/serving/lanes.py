@@ -177,6 +177,7 @@ class Lane:
     self.options = dict(options)
     self.sampling = self._sampling(self.options.pop("sampling", None))
     self.opts, self.static, self.traced = self.resolve({})
+    self.per_row = self.decoder.traced_names(self.traced)  # options each row holds its own of
     self.gen_length = self.decoder.gen_length(self.static)
     self.decoder.check_window(cfg, self.static, self.prompt_buckets[-1])
     self.mask_id = self.decoder.mask_id(cfg, self.static)

@@ -11,6 +11,7 @@ so a batch row can be replaced by a fresh one while the others keep their state.
   make_options(cfg, options) -> opts           checked options (ValueError naming the fix);
       a method that ranks confidences gets batch_invariant=True (`invariant_options`)
   split(opts) -> (static, traced)               jit-static part, traced options
+  traced_names(traced) -> the request options the traced part carries per row
   gen_length(static) -> G
   check(cfg, tokens, valid, opts)               the method's prompt checks (ValueError)
   lane_params(params, cfg, static, options, mesh, rules) -> the lane's params (default: the
@@ -73,7 +74,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import ar, base, d2f, fast_dllm, llada, registry
+from dllm_jax.decoding import ar, base, d2f, fast_dllm, llada, protocol, registry
 from dllm_jax.models import masks
 from dllm_jax.models.config import ModelConfig
 
@@ -152,6 +153,12 @@ class RowDecoder:
   # as `row_inputs` [A] (only decoders that declare some).
   row_options = ()
 
+  def traced_names(self, traced) -> tuple[str, ...]:
+    """The request options `traced` (a lane's traced part) carries, one value per row: what a
+    request may set for its own row without recompiling. Default: the keys of a traced dict
+    (`base.split_options` keys it by option name); none for any other traced part."""
+    return tuple(traced) if isinstance(traced, dict) else ()
+
   def row_input(self, opts, options: dict) -> int:
     """The int32 a request's `row_options` values give its row (ValueError naming the fix);
     `options` is empty for a request that sets none."""
@@ -218,6 +225,10 @@ class ARRows(RowDecoder):
     return state.response, state.committed, state.done, state.finite, state.committed
 
 
+# The options a D2F / block-diffusion plan's traced `Thresholds` are made of.
+D2F_TRACED = ("temperature", "tau_add", "tau_act", "tau_conf", "entropy_bound")
+
+
 class D2FRows(RowDecoder):
   """D2F / block-diffusion rows: the first forward (prompt + block 0) admits a row."""
 
@@ -231,6 +242,11 @@ class D2FRows(RowDecoder):
 
   def split(self, plan):
     return plan.decoder.opts, plan.traced
+
+  def traced_names(self, traced) -> tuple[str, ...]:
+    # `Thresholds` holds tau_add / tau_act as counts: name the options they come from.
+    names = set(protocol.option_names(self.method))
+    return tuple(n for n in D2F_TRACED if n in names)
 
   def gen_length(self, static) -> int:
     return static.gen_length
@@ -379,6 +395,13 @@ def for_method(method: str) -> RowDecoder | None:
   rows = copy.copy(rows)
   object.__setattr__(rows, "method", method)
   return rows
+
+
+def serves_sampling(method: str) -> bool:
+  """Whether a lane of `method` may be built `sampling=True`: it serves greedy and sampled
+  rows, each at its own temperature, in one program (the hybrids' temperature is static)."""
+  rows = for_method(method)
+  return rows is not None and bool(rows.sampling_options)
 
 
 def served_methods() -> list[str]:
