@@ -4,7 +4,8 @@ and batched device state, and the two jitted programs that move it (`engine.py` 
 A lane's options split like a decode's (`RowDecoder.split`): the static part is the lane's,
 fixed when it is built (a request whose static options differ is refused); the traced part
 (temperature, top_k, top_p, thresholds, ...) is per row, each row holding its request's
-values (`Lane.resolve`), so requests with different values share one batch and one program.
+values (`Lane.resolve`; `Lane.per_row` names them), so requests with different values share
+one batch and one program.
 Temperature 0 is a program of its own (`base.ZERO_IS_STATIC`): a lane built with
 `sampling=True` (the default when its own temperature is > 0) compiles the sampling program
 and serves greedy rows in it (a row at temperature 0 takes the argmax, exactly as the greedy
