@@ -327,16 +327,17 @@ class _Server:
       raise
 
   async def _stream(self, call: _Call, pieces: list):
+    # Each yield is one write: a chat stream's opening goes with its first text, and the last
+    # text with the closing (no empty writes).
     try:
-      yield call.opening()
-      while True:
+      head = call.opening()
+      while not call.done:
         if pieces:
-          yield call.chunk(pieces)
-        if call.done:
-          break
+          yield head + call.chunk(pieces)
+          head = ""
         pieces = await call.next()
       call.close("ok")
-      yield call.closing()
+      yield head + (call.chunk(pieces) if pieces else "") + call.closing()
     except errors.APIError as error:
       call.close("error")
       yield "data: " + _dumps(error.body()) + "\n\n" + "data: [DONE]\n\n"
