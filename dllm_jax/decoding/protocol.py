@@ -193,6 +193,13 @@ class Decoder:
   sampling_options: ClassVar[tuple[str, ...]] = ("temperature",)
 
   @classmethod
+  def per_row_options(cls, traced) -> tuple[str, ...]:
+    """The options a lane's traced part carries one value per row of (what a request may set
+    for its own row without recompiling): the traced dict's keys that are option names."""
+    names = set(cls.option_names())
+    return tuple(k for k in traced if k in names) if isinstance(traced, dict) else ()
+
+  @classmethod
   def lane_plan(cls, cfg: ModelConfig, options: dict) -> Plan:
     """The plan of a serving lane's (or request's) options (default: `plan`)."""
     return cls.plan(cfg, **options)

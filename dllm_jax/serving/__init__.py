@@ -5,8 +5,8 @@
   results = engine.run_until_idle()     # StreamUpdate and Result events
 
 See `engine.py` (the loop), `lanes.py` (one method's slots, queue and device programs),
-`rows.py` (the lane's view of any registered `decoding.protocol.Decoder`: how its rows
-are inserted, stepped and read), `requests.py` (requests, results, named errors) and `metrics.py`
+`rows.py` (per-row decoders: how a method's rows are inserted and stepped; the extension
+point for new methods), `requests.py` (requests, results, named errors) and `metrics.py`
 (throughput, TTFT, latency percentiles, NFE, slot occupancy).
 """
 
@@ -16,4 +16,4 @@ from dllm_jax.serving.requests import (
     BadOptionError, CancelledError, InvalidPromptError, MaskInPromptError, NonFiniteRowError,
     PromptTooLongError, QueueFullError, Request, RequestError, Result, StreamUpdate,
     UnknownMethodError)
-from dllm_jax.serving.rows import RowDecoder, request_keys, served_methods
+from dllm_jax.serving.rows import RowDecoder, request_keys, served_methods, serves_sampling

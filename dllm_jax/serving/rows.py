@@ -84,6 +84,11 @@ class RowDecoder:
   def sampling_options(self) -> tuple[str, ...]:
     return self.decoder_class.sampling_options
 
+  def traced_names(self, traced) -> tuple[str, ...]:
+    """The request options a lane's traced part carries, one value per row: what a request
+    may set for its own row without recompiling (the decoder's `per_row_options`)."""
+    return self.decoder_class.per_row_options(traced)
+
   def make_options(self, cfg: ModelConfig, options: dict) -> LaneOptions:
     cls = self.decoder_class
     if self.method in registry.ranking_methods():
@@ -150,6 +155,13 @@ class RowDecoder:
 def for_method(method: str) -> RowDecoder:
   """The lane view of `method` (a registry name)."""
   return RowDecoder(registry.check(method))
+
+
+def serves_sampling(method: str) -> bool:
+  """Whether a lane of `method` may be built `sampling=True`: it serves greedy and sampled
+  rows, each at its own temperature, in one program (selfspec's and adaptive's sampling is
+  static)."""
+  return bool(for_method(method).sampling_options)
 
 
 def served_methods() -> list[str]:
