@@ -2,8 +2,9 @@
 
 `LeftToRight` commits, per forward, the leftmost masked response slot of a bidirectional
 model with its argmax token (or a sample at temperature > 0): LLaDA with one-slot blocks.
-It is ~50 lines: options, state, and the protocol's methods. Registered as "left_to_right",
-it gets `generate` (buckets and meshes included) and `stream` with no other change; greedy, it equals `llada` at block_length=1, steps=G token for token.
+It is ~60 lines: options, state, and the protocol's methods. Registered as "left_to_right",
+it gets `generate` (buckets and meshes included), `stream` and the serving `Engine` with no
+other change; greedy, it equals `llada` at block_length=1, steps=G token for token.
 """
 
 import dataclasses
@@ -14,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import backend_compiles
+from dllm_jax import serving
 from dllm_jax.decoding import api, base, llada, protocol, registry, sampling, streaming
 from dllm_jax.models import get_preset
 from dllm_jax.parallel import mesh as mesh_lib
@@ -37,8 +40,10 @@ class LeftToRightState:
   canvas: jax.Array       # [B, P + G]
   valid: jax.Array        # [B, P + G]
   positions: jax.Array    # [B, P + G]
-  step: jax.Array         # []
-  rng: jax.Array
+  step: jax.Array         # [] loop iterations
+  forwards: jax.Array     # [B] slots the row committed (one per forward it was live in)
+  done: jax.Array         # [B]
+  rng: jax.Array          # one key, or [B] keys (one per row)
   traced: dict
   finite: jax.Array       # [B]
 
@@ -50,20 +55,32 @@ class LeftToRight(protocol.Decoder):
     canvas, cvalid, positions = base.init_canvas(tokens, valid, self.gen_length,
                                                  self.cfg.mask_token_id)
     b = tokens.shape[0]
-    return LeftToRightState(canvas, cvalid, positions, jnp.zeros((), jnp.int32), rng, traced,
+    return LeftToRightState(canvas, cvalid, positions, jnp.zeros((), jnp.int32),
+                            jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool), rng, traced,
                             jnp.ones((b,), bool))
 
   def step(self, params, state):
     logits = llada.bidirectional_logits(params, self.cfg, state.canvas, state.valid,
                                         state.positions)
-    slot = state.canvas.shape[1] - self.gen_length + state.step   # the leftmost mask
-    finite = sampling.all_finite(logits[:, slot])
-    logits = sampling.forbid(logits[:, slot], (self.cfg.mask_token_id,))
-    keys = sampling.row_keys(state.rng, state.step, logits.shape[0],
-                             state.traced.get("row_offset", 0))
+    b, live = logits.shape[0], ~state.done
+    # Each row's leftmost mask: its own cursor, so a row may join a batch at any step.
+    slot = state.canvas.shape[1] - self.gen_length + jnp.minimum(state.forwards,
+                                                                 self.gen_length - 1)
+    logits = logits[jnp.arange(b), slot]
+    finite = sampling.all_finite(logits) | state.done
+    logits = sampling.forbid(logits, (self.cfg.mask_token_id,))
+    if sampling.is_row_keys(state.rng):  # one key per row (a served request's)
+      keys = sampling.row_step_keys(state.rng, state.forwards)
+    else:
+      keys = sampling.row_keys(state.rng, state.step, b, state.traced.get("row_offset", 0))
     temperature = base.traced_option(self.opts, state.traced, "temperature")
-    token = jax.vmap(lambda lg, k: sampling.gumbel_argmax(lg, temperature, k))(logits, keys)
-    return state.replace(canvas=state.canvas.at[:, slot].set(token), step=state.step + 1,
+    token = sampling.map_rows(lambda lg, k, temperature: sampling.gumbel_argmax(
+        lg, temperature, k), (logits, keys), temperature=temperature)
+    token = jnp.where(live, token, state.canvas[jnp.arange(b), slot])
+    forwards = state.forwards + live
+    return state.replace(canvas=state.canvas.at[jnp.arange(b), slot].set(token),
+                         step=state.step + 1, forwards=forwards,
+                         done=state.done | (forwards >= self.gen_length),
                          finite=state.finite & finite)
 
   def running(self, state):
@@ -73,17 +90,12 @@ class LeftToRight(protocol.Decoder):
     response = state.canvas[:, -self.gen_length:]
     return response, response != self.cfg.mask_token_id
 
-  def done(self, state):
-    return jnp.broadcast_to(state.step >= self.gen_length, state.finite.shape)
-
   def output(self, state):
     response, decided = self.view(state)
     pad = base.output_pad_id(self.cfg)
     tokens, lengths, _ = base.finalize(response, decided, base.stop_ids(self.cfg), pad)
-    b = response.shape[0]
-    return base.decode_output(tokens, lengths, state.step, state.step,
-                              jnp.full((b,), self.gen_length, jnp.int32), self.done(state),
-                              state.finite, pad)
+    return base.decode_output(tokens, lengths, state.step, state.step, state.forwards,
+                              state.done, state.finite, pad)
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +148,30 @@ def test_a_temperature_sweep_compiles_once(model):
   for t in (0.6, 0.7, 1.3):
     api.generate(params, cfg, PROMPTS, method="left_to_right", gen_length=8, temperature=t)
   assert protocol.run._cache_size() == size
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_served_by_the_engine_as_decoded_alone(model, temperature, no_compile_cache):
+  """Served by `Engine` (2 slots for 5 requests, so rows join mid-decode beside others),
+  each request equals its prompt decoded alone with its seed's keys, and after warmup
+  serving compiles nothing. A sampled lane serves per-request temperatures, 0 included."""
+  cfg, params = model
+  engine = serving.Engine(params, cfg, methods="left_to_right",
+                          options=dict(gen_length=8, temperature=temperature), slots=2,
+                          max_prompt_len=8, prompt_buckets=(4, 8), admit_sizes=(1, 2),
+                          max_steps_per_run=3)
+  engine.warmup()
+  temperatures = [temperature, 0.0, 1.3, temperature, 0.5] if temperature else [0.0] * 5
+  prompts = PROMPTS + [[7, 8, 9, 10, 11, 12, 13], [6]]
+  with backend_compiles() as compiles:
+    ids = [engine.submit(p, seed=10 + i, options=dict(temperature=t))
+           for i, (p, t) in enumerate(zip(prompts, temperatures))]
+    results = {e.request_id: e for e in engine.run_until_idle()
+               if isinstance(e, serving.Result)}
+  assert compiles == []
+  for i, (prompt, t) in enumerate(zip(prompts, temperatures)):
+    alone = api.generate(params, cfg, [prompt], method="left_to_right", gen_length=8,
+                         temperature=t, rng=serving.request_keys([10 + i]))
+    assert results[ids[i]].ok
+    assert results[ids[i]].tokens == tuple(np.asarray(alone.tokens)[0, :int(alone.lengths[0])])
+    assert results[ids[i]].nfe == 8

@@ -17,7 +17,7 @@ import tiny_llada
 from serve_server import ThreadServer
 
 from dllm_jax import loading
-from dllm_jax.serve import Backend, Limits, create_app
+from dllm_jax.serve import Backend, Limits, create_app, protocol
 from dllm_jax.serving import Engine
 
 
@@ -137,3 +137,18 @@ def _wait(condition, timeout=20.0):
   while not condition():
     assert time.monotonic() < deadline, "timed out"
     time.sleep(0.02)
+
+
+def test_per_request_fields_are_what_the_lanes_carry_per_row(serve):
+  """An ar lane carries temperature, top_k and top_p per row, so a D2F threshold is an unknown
+  field; built greedy-only (sampling=False: no sampling program), it refuses a temperature
+  > 0 naming the field. Both are 400s before anything reaches the engine."""
+  server = serve()
+  assert protocol.per_request(server.backend.lanes) == ("temperature", "top_k", "top_p")
+  for extra, param, code in ((dict(tau_conf=0.5), "tau_conf", "unknown_field"),
+                             (dict(temperature=0.7), "temperature", "unsupported_option")):
+    r = httpx.post(f"{server.url}/completions", json={"model": "ar", "prompt": "a", **extra},
+                   timeout=30)
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (param, code)
+  assert server.backend.in_flight("ar") == 0

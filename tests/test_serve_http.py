@@ -174,6 +174,18 @@ def test_no_compiles_after_warmup_across_mixed_options(server):
   assert all(not isinstance(a, Exception) for a in answers), answers
 
 
+def test_cli_lanes_serve_greedy_and_sampled_rows(model_dir):
+  """`python -m dllm_jax.serve` builds the lane of every method that can serve both in one
+  program with sampling=True, whatever its own temperature."""
+  from dllm_jax.serve import cli
+  args = cli.build_parser().parse_args(["--model", str(model_dir), "--method", "ar",
+                                        "--method", "d2f", "--opt", "gen_length=8",
+                                        "--max-prompt-tokens", "16"])
+  methods, options, _ = cli.check_args(args)
+  (engine,) = cli.load_engines(args, methods, options, None)
+  assert {m: lane.sampling for m, lane in engine.lanes.items()} == {"ar": True, "d2f": True}
+
+
 # ------------------------------------------------------------------------- error codes
 
 def _post(server, body, key=KEY, raw=None, path="/v1/completions"):

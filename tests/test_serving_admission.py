@@ -1,11 +1,15 @@
 """Admission control: a bounded queue answers at once, a cancelled row's slot is reused.
 
 One engine shape for every test (2 slots, bucket 16, admit size 2), so the whole file compiles
-one lane's two programs; each output is checked against its prompt decoded alone.
+a d2f lane's two programs (and an ar lane's, for the two-lane compile check); each output is
+checked against its prompt decoded alone.
 """
 
+import jax
 import numpy as np
 import pytest
+
+from conftest import backend_compiles
 
 from dllm_jax.decoding import generate
 from dllm_jax.models import get_preset
@@ -98,3 +102,21 @@ def test_cancel_a_queued_request(params):
 def test_max_queue_is_checked(params, bad):
   with pytest.raises(ValueError, match="max_queue"):
     Engine(params, CFG, methods="d2f", options=OPTIONS, max_queue=bad, **SHAPE)
+
+
+def test_no_compiles_after_warmup_on_a_two_lane_engine(params):
+  """Loaded params are committed to a device, and so is every state a run returns; warmup's
+  admissions go into an empty state, which must be committed too, or the first admission
+  into a state a run returned compiles `_admit` again."""
+  committed = jax.device_put(params, jax.devices()[0])
+  engine = Engine(committed, CFG, methods={"ar": dict(gen_length=G), "d2f": OPTIONS}, **SHAPE)
+  engine.warmup()
+  with backend_compiles() as compiles:
+    ids = []
+    for wave in range(3):  # later waves wait for slots a run freed
+      ids += [engine.submit([5 + wave, 6, 7 + i], method=m, seed=i)
+              for m in engine.lanes for i in range(2)]
+      engine.step()
+    engine.run_until_idle()
+  assert compiles == []
+  assert all(engine.pop_result(i).ok for i in ids)

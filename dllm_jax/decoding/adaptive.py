@@ -4,63 +4,7 @@ with the AR model, or decode plain AR.
 Shape legend: B batch, P padded prompt length, G gen_length (also the most rounds), k
 draft_length, V vocab.
 
-Mode codes (`MODE_CODES`; -1 = the row was not live that round):
-
-  0 PARALLEL  commit the diffusion drafter's k tokens unverified (D2F's parallel commit)
-  1 VERIFY    speculative decoding: the AR target verifies the draft (`speculative.verify`:
-              greedy = AR greedy, sampling distributed exactly as AR sampling)
-  2 AR        the AR target commits one token per round (its drafts are ignored)
-
-One jitted `lax.while_loop`; every round and row: the drafter drafts a block of k tokens
-(`drafters.diffusion_draft`, the layout speculative decoding uses: clean causal context,
-one mask block), the AR target runs one causal forward over its cache, and the row's mode
-selects what is committed. Each model's forward runs only when some live row needs it
-(`lax.cond`): the drafter for PARALLEL / VERIFY rows, the target for VERIFY / AR rows (one
-slot wide when no row verifies; in round 0 the prompt alone). So a batch of PARALLEL rows
-costs only drafter forwards, and a batch of AR rows only target forwards. AR is final, so
-once no live row needs the drafter `_generate` leaves that loop for a second one whose round
-is the target's one-slot forward with no conditional around it: the same computation, but a
-conditional is a synchronisation point for XLA:CPU's executor, and the two of them made an
-AR round of the study's model ~20% slower than `ar_generate`'s.
-
-The rule (`initial_mode`, `next_mode`; thresholds traced, so sweeping them never
-recompiles), per row:
-  * a task tag mapped to a mode (`task_modes`) forces that mode for every round;
-  * otherwise round 0 picks from c0, the mean over the first block of the drafter's
-    confidence (each slot's top probability at the forward that committed it) on its first
-    forward over the response: AR if c0 < ar_confidence, else PARALLEL if
-    c0 >= parallel_confidence, else VERIFY;
-  * after each VERIFY round: AR if accepted < min_acceptance * drafted (the row's drafts so
-    far), else PARALLEL if trust_streak > 0 and the last trust_streak rounds each accepted
-    the whole draft. PARALLEL and AR are final: a PARALLEL row's target cache and an AR
-    row's drafter cache stop being fed, which is what lets each skip a model.
-
-A greedy batch whose every row is tagged AR is plain AR decoding, so `adaptive_generate`
-runs `ar_generate`'s program for it (the tokens, forwards and rounds the loop would give;
-the records filled in to match): the mode chosen by the task then costs nothing over AR.
-Sampled rows always take the loop, whose keys do not depend on the batch.
-
-Exactness: every VERIFY / AR commit is the target's own (greedy) choice given the prefix,
-so with every row in VERIFY or AR the output equals `ar_generate(target)` token for token
-(at temperature 0) and equals `speculative_generate(drafter="d2f")` round for round in
-VERIFY. A PARALLEL row commits the drafter's greedy blocks: the block-diffusion decode of
-the drafter over a causal clean context (with draft_length 1, `block_diffusion_generate`
-with block_length 1). Rows never interact: batched rows equal their one-row decodes (with
-draft_steps > 1 under batch_invariant=True, which ranks the drafter's slots on the grid).
-
-NFE: `nfe = target_forwards + drafter_forwards`, each batched call counted once when it
-runs; `AdaptiveStats` reports them separately with the per-round signals. The state also
-counts, per row, the forwards a one-row decode of that row would run (`forwards`).
-
-Keys: one key draws round i's row b from fold_in(fold_in(fold_in(rng, i), 1), b); [B] keys
-(one per row, `serving.request_keys`) from fold_in(fold_in(rng[b], rounds[b]), 1), the row's
-own key at its own round count (`speculative.round_keys`), and the per-round records are
-written at the row's own round: so the serving engine's rows (`serving.adaptive_rows`)
-decode as they would alone whenever they joined.
-
-`AdaptiveDecoder` runs `_init` (round 0), `_step` (one round) and `output` behind every
-driver (a stream's event is a round); its plan carries the drafter's params and the rows'
-forced modes (task tags) next to the target's params.
+How it works, in full: docs/decoders.md, `decoding.adaptive`.
 """
 
 from __future__ import annotations
@@ -222,7 +166,7 @@ def next_mode(mode: Array, forced: Array, drafted: Array, accepted: Array, strea
 
 @flax.struct.dataclass
 class AdaptiveOutput(base.DecodeOutput):
-  """`base.DecodeOutput` plus the modes used (codes in the module docstring).
+  """`base.DecodeOutput` plus the modes used (codes in the docs/decoders.md).
 
   modes: [B] the row's round-0 mode (the per-request decision).
   round_modes: [B, G] the mode of each round (round r = loop iteration r), -1 after the row
@@ -507,7 +451,7 @@ def _plain_ar(tparams, tokens, valid, rng, *, tcfg: ModelConfig, opts: AdaptiveO
 # ----------------------------------------------------------------------------- the decoder
 
 @dataclasses.dataclass(frozen=True)
-class AdaptiveDecoder(spec.RoundDecoder):
+class AdaptiveDecoder(spec.DraftedDecoder):
   """Per row and round: the drafter's block committed in parallel, verified by the AR
   target, or plain AR. `opts` is the static `AdaptiveOptions` (thresholds traced, task map
   resolved by `plan` into per-row forced modes, the `row_inputs`). `plain_ar`: greedy with
@@ -521,6 +465,29 @@ class AdaptiveDecoder(spec.RoundDecoder):
   row_options = ("tasks",)
   attention = "causal"
   drafter_attention = "block_causal"
+  # Served: a lane has one tag map; a request names its own `task` (a row option).
+  lane_options = spec.DraftedDecoder.lane_options + ("task_modes",)
+  lane_row_options = ("task",)
+  sampling_options = ()
+
+  @classmethod
+  def lane_plan(cls, cfg: ModelConfig, options: dict) -> protocol.Plan:
+    if "tasks" in options:
+      raise ValueError("tasks= is generate's list of one tag per prompt; a request names its "
+                       "own tag with task=<tag> (one of the lane's task_modes).")
+    return cls.plan(cfg, **options)
+
+  def row_input(self, options: dict, request: dict) -> int:
+    """The mode code the request's `task` forces (-1: none; the rule decides)."""
+    opts = base.make_options(AdaptiveOptions, {k: v for k, v in options.items()
+                                               if k not in self.lane_options[:2]})
+    return int(opts.forced_modes([request.get("task")], 1)[0])
+
+  def drafter_capacity(self, prompt_len: int) -> int:
+    return drafter_capacity(prompt_len, self.opts)
+
+  def prompt_mask_id(self):
+    return self.drafter_cfg.mask_token_id  # the diffusion drafter's blank
 
   @classmethod
   def option_names(cls) -> tuple[str, ...]:
@@ -569,47 +536,28 @@ class AdaptiveDecoder(spec.RoundDecoder):
     out, stats = _plain_ar(params[0], tokens, valid, rng, tcfg=self.cfg, opts=self.opts)
     return (out, stats) if with_stats else out
 
-  abstract_params = spec.SpeculativeDecoder.abstract_params
-
 
 # ----------------------------------------------------------------------------- public API
 
 def adaptive_generate(target_params, target_cfg: ModelConfig, prompt_tokens, prompt_valid=None,
-                      rng=None, *, drafter_params=None, drafter_cfg: ModelConfig | None = None,
-                      gen_length: int = base.GEN_LENGTH, draft_length: int = 4,
-                      draft_steps: int = 1, parallel_confidence: float = 0.9,
-                      ar_confidence: float = 0.2, min_acceptance: float = 0.25,
-                      trust_streak: int = 4, task_modes=(), tasks=None,
-                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                      early_stop: bool = True, batch_invariant: bool = False,
-                      on_nonfinite: str = "raise", return_stats: bool = False):
-  """Task-adaptive decoding of a left-padded prompt batch (see the module docstring).
+                      rng=None, *, on_nonfinite: str = "raise", return_stats: bool = False,
+                      **options):
+  """Task-adaptive decoding of a left-padded prompt batch (docs/decoders.md).
 
   Args:
     target_params, target_cfg: the AR (causal) model that verifies and decodes AR rows.
     prompt_tokens, prompt_valid: [B, P] left-padded prompts; valid None means no padding.
     rng: PRNG key (temperature > 0; default key 0).
-    drafter_params, drafter_cfg: the block-causal diffusion drafter (a D2F student or block
-      diffusion model) sharing the target's tokenizer, with a mask_token_id.
-    gen_length, draft_length, draft_steps: G; k tokens per draft; drafter forwards per draft.
-    parallel_confidence, ar_confidence, min_acceptance, trust_streak: the rule's thresholds
-      (traced; `AdaptiveOptions`).
-    task_modes: {tag: "auto" | "parallel" | "verify" | "ar"}. tasks: [B] tags (or None) per
-      row, each in task_modes; None: no tags.
-    temperature, top_k, top_p: the target's sampling (VERIFY / AR rounds).
-    early_stop: leave the loop once every row is done.
-    batch_invariant: the drafter ranks on the grid (`AdaptiveOptions`).
     on_nonfinite: "raise" (NonFiniteLogitsError) or "flag".
     return_stats: also return an `AdaptiveStats`.
+    **options: `drafter_params`, `drafter_cfg` (the block-causal diffusion drafter sharing
+      the target's tokenizer, with a mask_token_id), `tasks` ([B] tags or None, each in
+      task_modes) and the fields of `AdaptiveOptions` (thresholds traced, task_modes,
+      the target's sampling, ...).
   Returns:
     AdaptiveOutput (a DecodeOutput with `modes` [B] and `round_modes` [B, G]; nfe = target +
     drafter forwards; steps = rounds), and the AdaptiveStats when return_stats.
   """
-  return protocol.decode_batch(
-      AdaptiveDecoder, target_params, target_cfg, prompt_tokens, prompt_valid, rng,
-      on_nonfinite=on_nonfinite, with_stats=return_stats, drafter_params=drafter_params,
-      drafter_cfg=drafter_cfg, tasks=tasks, gen_length=gen_length, draft_length=draft_length,
-      draft_steps=draft_steps, parallel_confidence=parallel_confidence,
-      ar_confidence=ar_confidence, min_acceptance=min_acceptance, trust_streak=trust_streak,
-      task_modes=task_modes, temperature=temperature, top_k=top_k, top_p=top_p,
-      early_stop=early_stop, batch_invariant=batch_invariant)
+  return protocol.decode_batch(AdaptiveDecoder, target_params, target_cfg, prompt_tokens,
+                               prompt_valid, rng, on_nonfinite=on_nonfinite,
+                               with_stats=return_stats, **options)

@@ -6,32 +6,8 @@ Shape legend: B batch, P padded prompt length, G gen_length.
                    block_length=16, cache="dual")
     out.tokens  # [B, G], cut after each row's first EOS
 
-Options are checked against the method's options dataclass (or, for decoders living in other
-modules, against the decoder's keyword-only parameters): a misspelt option is an error, never
-silently ignored. `option_names(method)` lists them (the shared vocabulary is in the package
-docstring); the old D2F spelling `block_size` is an error that says to use `block_length`.
-
-Rows whose logits were ever non-finite are flagged in `DecodeOutput.finite`; `generate`
-raises `NonFiniteLogitsError` naming them unless `on_nonfinite="flag"`.
-
-Shapes are bucketed (`decoding.buckets`): the prompt length is left padded to a power of two
-from 16 and the batch to a power of two (extra rows repeat the last row and are dropped), so
-prompts and batches inside one bucket share one compile and give the same tokens (for the
-methods that rank confidences, with batch_invariant=True: the default ranks exactly, as the
-references do, and a forward's float noise depends on the batch); `pad_to=`
-and `batch_buckets=` override the buckets (None: exact shapes).
-
-With `mesh=`, the batch is split over the mesh's data axes (rows are padded to a multiple of
-the data-parallel size by repeating the last row, then dropped). `data_parallel="shard_map"`
-(the default when the batch is split and no parameter is sharded over the batch's axes:
-`parallel.mesh.default_data_parallel`; an fsdp axis gets spmd) runs one while_loop per data
-shard, each to its own exit (`decoding.data_parallel`); `"spmd"` runs the jitted decoder as one SPMD
-program, every device stepping until the slowest row of the whole batch is done. Either way
-parameters already on the mesh's devices stay where they are, host or single-device
-parameters are placed by `parallel.mesh.param_shardings`, and since rows are independent and
-each row's random keys depend only on its global index, the tokens equal single-device
-decoding (with batch_invariant=True where the method ranks). Under `jax.distributed` (a mesh spanning processes) every process passes the same
-prompts and gets the whole output.
+Option checks, buckets, meshes and non-finite rows, in full: docs/decoders.md,
+`decoding.api`.
 """
 
 from __future__ import annotations

@@ -3,28 +3,7 @@
 Shape legend: B batch, P padded prompt length, G gen_length, V vocab, L layers,
 C = P + G cache slots, K kv heads, Dh head dim.
 
-Prefill runs the left-padded prompt once with causal ids (= RoPE positions from
-`masks.left_pad_positions`), writing all P slots; padding slots get NO_KEY and are never
-attended. Each decode step feeds the last token at its row's next position and writes one
-slot. Sampling is greedy at temperature 0, else top-k / top-p filtered Gumbel-max with a fresh
-key per step and row (`fold_in`). The [MASK] id, when the config has one, is never emitted.
-
-Keys: one `rng` gives row b at loop step s the key `fold_in(fold_in(rng, s), b)`
-(`sampling.row_keys`). A [B] array of keys (one per row, e.g. one per request) gives row b
-the key `fold_in(rng[b], i)` for its response slot i: the row's tokens then depend only on
-its own key, never on its batch index or neighbours (what continuous batching needs).
-
-Every per-row cursor is per row: a row writes its next token at column `committed[b]` (its
-own step count) and is done after G tokens of its own, so a row inserted into a running
-batch (`dllm_jax.serving`) decodes exactly as it would alone.
-
-A row is done at its first stop token (EOS/EoT) or after G tokens; done rows emit `pad` and
-the loop exits when every row is done. Rows never interact, so stopping early changes nothing
-before a row's EOS. NFE = 1 (prefill) + decode steps.
-
-temperature, top_k and top_p are traced (`AROptions.split`): sweeping them never recompiles;
-they may hold one value per row ([B], `sampling.map_rows`).
-A row whose logits are ever non-finite is flagged (`DecodeOutput.finite`).
+How it works, in full: docs/decoders.md, `decoding.ar`.
 """
 
 from __future__ import annotations
@@ -127,7 +106,7 @@ def prefill(params, cfg: ModelConfig, opts: AROptions, tokens, valid, rng,
   """Runs the prompt through the model (filling the cache) and samples the first token.
 
   `traced` are the traced options (default: `opts.split()[1]`); `rng` is one key or [B] keys
-  (one per row, see the module docstring)."""
+  (one per row, see the docs/decoders.md)."""
   traced = opts.split()[1] if traced is None else traced
   b, p = tokens.shape
   g = opts.gen_length
@@ -193,6 +172,15 @@ class ARDecoder(protocol.LoopDecoder):
   init_forwards = True
   attention = "causal"
 
+  def pad(self, state, prompt_len):
+    # The cache is position-ordered: a larger prompt bucket only appends empty slots.
+    return state.replace(cache=protocol.append_cache_slots(state.cache,
+                                                           prompt_len + self.gen_length))
+
+  def progress(self, state):
+    # A live row has committed response[:committed]; a done row's EOS is in it.
+    return state.response, state.committed, state.done, state.finite, state.committed
+
 
 def ar_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
                 on_nonfinite: str = "raise", **options) -> base.DecodeOutput:
@@ -203,7 +191,7 @@ def ar_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=
     cfg: the model config.
     prompt_tokens: [B, P] int left-padded prompts; prompt_valid: [B, P] bool (None: all real).
     rng: PRNG key for sampling (default key 0), or [B] keys, one per row (a row's tokens
-      then depend only on its key; module docstring).
+      then depend only on its key; docs/decoders.md).
     on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
       "flag" (return them with `finite` False, lengths 0).
     **options: fields of `AROptions` (unknown names raise ValueError).

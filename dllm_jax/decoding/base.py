@@ -24,7 +24,7 @@ from dllm_jax.models.config import ModelConfig
 
 Array = jnp.ndarray
 
-# Defaults shared by every method (see the package docstring for the whole vocabulary).
+# Defaults shared by every method (docs/decoding_options.md lists the whole vocabulary).
 GEN_LENGTH = 128
 BLOCK_LENGTH = 32          # capped at gen_length: a shorter response is one block
 ON_NONFINITE = ("raise", "flag")

@@ -3,62 +3,7 @@
 Shape legend: B batch, P padded prompt length, G = N * k response slots in N blocks of k,
 W forward window slots, V vocab.
 
-The algorithm (Discrete Diffusion Forcing, SJTU-DENG-Lab/Discrete-Diffusion-Forcing
-`D2F-eval/eval_llada.py`): blocks of k masks are appended to the right of the prompt while
-earlier blocks are still decoding. Per step and row: append a block (semi-activated) when
-the last one is `tau_add` decoded; a block is fully activated once its predecessor is
-`tau_act` decoded; one forward; every active block commits its masked slots with
-probability > `tau_conf`, and a fully activated block with none above that commits its top
-one; blocks that are final (and all earlier ones too) enter the cache. After a stop token
-no block is appended; the output is cut at the first stop. `d2f_state.py` holds the block
-life cycle; this module holds the model calls and the loop.
-
-Static-shape design. The whole decode is one jitted `lax.while_loop` over the batch; every
-row has its own block cursors (`d2f_state`), so rows progress independently. Each step
-forwards a window of W = w * k slots starting at each row's first uncached block (a per-row
-gather), with response positions `len(prompt) + j`, block ids `1 + j // k`, and slots past
-the row's appended blocks marked invalid; the window attends to the cache and writes its
-leading `(ready - cached) * k` slots, the blocks that became final and contiguous, so the
-cache is exact. The width w is chosen per step (`lax.switch`) from a few bucketed sizes:
-with `window="fitted"` (default) the smallest bucket (`d2f_state.bucket_sizes`, at most
-1.5x) that holds the widest live row's span `n_blocks - cached`, which is what the
-reference forwards (`x_t[:, cache_length:]`); with `window="full"` the widest window the
-settings allow (A or A + 1 blocks, A = `max_active_blocks`), kept for benchmarks. Slots
-forwarded only to be written (the prompt, the final blocks) need their K/V but no logits:
-the LM head runs only on the slots that can still commit (one block fewer whenever every
-live row writes one). Rows that are done ride along with an all-invalid window.
-
-Shifted-logits models (Dream: slot i is predicted by the output at i - 1) forward with
-the shift off and shift inside the decoder: the window's first slot takes the output saved
-when the last cached slot was written (the prompt's last slot after the first forward).
-
-NFE: one batched forward per step, `nfe = steps`. There is no separate prefill: the first
-forward carries the prompt plus block 0, writes the prompt into the cache and decodes
-block 0, as the reference does (`init_state` runs it). The last blocks are never written
-to the cache: no later forward reads them. A row stops as soon as its
-first stop token has only decided tokens before it (its output can no longer change);
-per-row forward counts are `D2FState.forwards`.
-
-Settings split into a static `D2FOptions` (shapes, rules: a jit static argument) and traced
-`Thresholds` (tau_add, tau_act, tau_conf, temperature): sweeping them never recompiles.
-A row whose window logits (its valid slots) are ever non-finite is flagged
-(`DecodeOutput.finite`).
-Batched rows give exactly their one-prompt results (left padding; rows never interact)
-for the deterministic rules (temperature 0, confidence ranking other than "random") with
-`batch_invariant=True` (ranking on `sampling.RANK_GRID`); the default ranks exact scores, as
-the reference does, and a near-tie may then rank differently in a batch of another size.
-
-Keys: every random draw comes from a key per row and response slot, so a row's samples do
-not depend on the batch, the shard, the window width or its batch index. One `rng` gives
-step s the key `fold_in(rng, s)` and row r (its global index `row_offset + r`) its row key
-from that; a [B] array of keys (one per row) gives row b's response slot j, in the row's
-i-th forward, noise from `fold_in(fold_in(rng[b], i), j)` (the serving engine inserts rows
-into a running batch this way; every other field is per row).
-
-API: `d2f_generate`, `block_diffusion_generate` (the one-block, count-rule special case,
-with an `unmasking` schedule: even, cosine or entropy_bound); for step-level control
-`d2f_options`, `init_state`, `step`, `output`; `D2FDecoder` / `BlockDiffusionDecoder`, the
-`protocol.Decoder`s every driver (generate, stream, shard_map, serving) runs.
+How it works, in full: docs/decoders.md, `decoding.d2f`.
 """
 
 from __future__ import annotations
@@ -438,6 +383,13 @@ class D2FDecoder(protocol.Decoder):
     return _keywords(cls.functions()[1])
 
   @classmethod
+  def per_row_options(cls, traced) -> tuple[str, ...]:
+    # The traced `Thresholds` hold tau_add / tau_act as counts: name the options they hold.
+    names = set(cls.option_names())
+    return tuple(n for n in ("temperature", "tau_add", "tau_act", "tau_conf", "entropy_bound")
+                 if n in names)
+
+  @classmethod
   def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:
     opts, traced = cls.functions()[0](cfg, **options)
     return protocol.Plan(cls(cfg, opts), traced)
@@ -476,6 +428,16 @@ class D2FDecoder(protocol.Decoder):
 
   def with_offset(self, traced, offset):
     return traced.replace(row_offset=offset)
+
+  def pad(self, state, prompt_len):
+    # Left-pad the kept prompt; the cache (prompt and response in order) gets empty slots.
+    extra = prompt_len - state.prompt.shape[1]
+    state = state.replace(prompt=protocol.pad_axis(state.prompt, 1, extra, 0, self.opts.pad_id),
+                          prompt_valid=protocol.pad_axis(state.prompt_valid, 1, extra, 0, False))
+    if state.cache is not None:
+      state = state.replace(cache=protocol.append_cache_slots(state.cache,
+                                                              prompt_len + self.gen_length))
+    return state
 
   def on_mesh(self, mesh, rules) -> "D2FDecoder":
     return dataclasses.replace(self, mesh=mesh, rules=rules)
@@ -521,7 +483,7 @@ def d2f_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng
     prompt_tokens, prompt_valid: [B, P] left-padded prompts (`base.pad_prompts`); valid
       None means no padding.
     rng: PRNG key (used when temperature > 0 or remasking="random"), or [B] keys, one per
-      row (a row's noise then depends only on its key; module docstring).
+      row (a row's noise then depends only on its key; docs/decoders.md).
     gen_length: G response slots, a multiple of block_length.
     block_length: k (default 32, capped at G). tau_add, tau_act: decoded fractions that
       append / fully activate a block. tau_conf: commit threshold on the token probability.

@@ -2,26 +2,7 @@
 
 Shape legend: B batch, P padded prompt length, G = N * k response slots, N blocks of k slots.
 
-A row's response is a row of N blocks. Each row keeps three block cursors, which is all the
-state the D2F block life cycle needs (SJTU-DENG-Lab/Discrete-Diffusion-Forcing, D2F-eval):
-
-    block:   0 ........ cached ........ ready ........ n_blocks ........ N
-             |  in the K/V  | final, written |  active (in flight) | not added yet
-             |    cache     | by next forward|  semi or fully act. |
-
-  * `n_blocks` blocks have been appended; the rest are not part of the canvas yet.
-  * Blocks `[0, ready)` are final and contiguous: every token is decided and so is every
-    earlier block. Their K/V is exact (block-causal attention: a block sees only itself and
-    earlier blocks), so they may enter the cache. Blocks `[0, cached)` are already there;
-    the next forward writes `[cached, ready)` (its leading `(ready - cached) * k` slots).
-  * Blocks `[ready, n_blocks)` are active: they still decode (a finished block waits here
-    until every earlier block is final, so the cache stays a contiguous prefix).
-  * Activation is derived, not stored: a block is *fully activated* once its predecessor
-    (the prompt for block 0) has at least `traced.act_count` decided tokens; decided
-    tokens are never undone, so this equals the reference's sticky flag.
-
-Thresholds on the decoded fraction (`tau_add`, `tau_act`) are turned into integer token
-counts once, in Python float64 exactly as the reference computes `decoded / k >= tau`.
+How it works, in full: docs/decoders.md, `decoding.d2f_state`.
 """
 
 from __future__ import annotations
@@ -164,7 +145,7 @@ class D2FState:
     prompt, prompt_valid: [B, P] left-padded prompt and its real-token mask.
     response: [B, G] int32 tokens; the mask id where undecided.
     decided: [B, G] bool.
-    n_blocks, cached, ready: [B] int32 block cursors (module docstring).
+    n_blocks, cached, ready: [B] int32 block cursors (docs/decoders.md).
     block_steps: [B, N] int32 forwards in which each block had masked slots to decode.
     eos_seen: [B] bool a stop token was committed (no block is appended after it).
     done: [B] bool the row needs no more forwards.

@@ -3,26 +3,7 @@
 Shape legend: B batch (a multiple of D), D data shards (the product of the mesh's data axes),
 b = B / D rows per shard, P padded prompt length, G gen_length.
 
-    out, stats = decode(params, cfg, tokens, valid, rng, mesh=mesh, method="d2f", gen_length=64)
-    stats.steps  # [D] loop iterations each shard ran before its own rows were done
-
-The SPMD path (`api.generate(..., data_parallel="spmd")`) runs one program over the whole
-batch, so every device steps until the slowest row of the batch is done. Here the batch is
-split over the mesh's data axes (`parallel.mesh.data_axes`: the `batch` rule's axes of size
-> 1) by a `shard_map` that is manual over those axes only: each shard loops until its own
-rows are done, while tensor parallelism inside a shard stays automatic (the decoder's
-activations follow the rules with the data axes removed, `mesh.without_axes`). Parameters
-are replicated over the data axes (an FSDP-sharded tree is gathered once per call at the
-shard_map boundary; host parameters are placed that way directly).
-
-Rows never interact and every decoder draws row r's random keys as global row
-`row_offset + r` (`sampling.row_keys`; each shard passes its first row's global index), so
-the tokens equal single-device decoding of the whole batch, greedy or sampled. Step counts
-differ: `DecodeOutput.steps` / `nfe` are the largest over shards (the critical path), and
-`ShardStats` holds them per shard.
-
-Works across processes (`jax.distributed.initialize`): every process passes the same
-prompts; inputs become global arrays and the outputs are gathered to every process.
+How it works, in full: docs/decoders.md, `decoding.data_parallel`.
 """
 
 from __future__ import annotations

@@ -2,25 +2,7 @@
 
 Shape legend: B batch, T forwarded context slots, k draft_length, V vocab, D model width.
 
-  ar_draft          a small causal LM: one forward on the uncached accepted tokens, then
-                    k - 1 cached one-token forwards; greedy, or sampled from its filtered
-                    distribution q (returned, for the rejection rule), and whether every
-                    logit it read was finite.
-  diffusion_draft   a block-causal diffusion LM (D2F student or block diffusion): the
-                    uncached accepted tokens (ids 1 + j, a clean causal context, so their K/V
-                    is final when written) plus one block of k masks (one shared id 1 + n:
-                    it sees the whole prefix and itself, nothing sees it, it is never cached),
-                    filled in `steps` parallel forwards, most confident slots first (exact
-                    scores, or on `sampling.RANK_GRID` with the options' batch_invariant).
-                    Greedy and deterministic; it also returns each slot's confidence (its
-                    top probability at the forward that committed it), the signal
-                    `decoding.adaptive` switches modes on.
-
-`filtered_logits`, `probabilities` and `greedy` are the distribution `ar_generate` samples
-(temperature, top_k, top_p, forbidden ids): the AR drafter samples from it and the
-acceptance rule (`speculative.verify`) scores the target with it. The sampling options are
-static numbers, or [B] arrays (one value per row: the serving engine's rows, each with its
-request's options; a row at temperature 0 then takes the greedy choice).
+How it works, in full: docs/decoders.md, `decoding.drafters`.
 """
 
 from __future__ import annotations

@@ -3,50 +3,7 @@
 Shape legend: B batch, P padded prompt length, G gen_length, T = P + G canvas, V vocab,
 b block_length, N = G // b blocks, W chunk width, L layers, K kv heads, Dh head dim.
 
-Each row decodes its blocks left to right on its own clock: every step commits, in each live
-row, the masked slots of that row's current block chosen by the rule: `threshold`
-(confidence > tau, at least the most confident one) or `factor` (largest n with
-c_n >= 1 - f / (n + 1)), so every step commits at least one token per live row and the loop
-ends within G steps. [MASK] is never proposed (its logit is -inf), so a model that predicts
-[MASK] cannot stall it. A row moves to its next block on the step after it filled the
-current one, whatever the other rows do: a row never waits, so it runs exactly the forwards
-it would run alone (`FastState.forwards`), and the batch runs max over rows of those.
-
-Cache modes (both approximate for a bidirectional model; refreshed once per block, per row):
-  none    every forward is a full forward over the T-slot canvas.
-  prefix  a row's first forward in a block (its refresh) is a full forward that writes K/V of
-          all T slots; its later forwards carry only `current block + suffix` attending to
-          the cached prefix (prompt + finished blocks).
-  dual    as prefix, but the suffix K/V is kept too and later forwards carry only the block.
-The cache holds all T slots in canvas order; the slots a row's chunk carries are hidden
-(block id NO_KEY), so the chunk attends to `visible cache ++ itself`, at its canvas positions,
-writing nothing. For shifted-logits models (Dream) the chunk also carries the slot before the
-block, whose output predicts the block's first slot.
-
-One batched step runs one forward of the whole batch. Rows start blocks at different steps, so
-in one step some rows may refresh while the others take a cached step:
-  * no row refreshes: each row's chunk is gathered at its own block ([B, W] input, W = b + lead
-    for dual; for prefix the widest `block + suffix` of the batch, picked by `lax.switch`, slots
-    past a row's own suffix invalid).
-  * some row refreshes: one full-width forward ([B, T] input, cache of T slots) in which a
-    refreshing row carries its canvas (its cache hidden, all T slots written) and every other
-    row carries its chunk padded to T (invalid slots, nothing written). Each row's logits are
-    those of the forward it would run alone; only refreshing rows rewrite their cache. Such a
-    step costs a full forward for the whole batch (the lockstep decoder had one per block;
-    per-row, up to one per block and row): `forward_slots` adds up what the steps carried.
-Only the block's b slots go through the LM head (`Transformer(head=False)` + `project`).
-
-Counts: `DecodeOutput.nfe` (= `steps`) is batched forward calls, one per loop step;
-`FastState.forwards` [B] is each row's own forwards, equal to its NFE decoding alone, and
-nfe = max over rows of it. Early stop as in `llada.py`: a row whose answer is final stops
-(no commits, no forwards); that cannot change any output. Random keys fold in the row's own
-forward count and its index, so a row's draws never depend on the other rows; a [B] array of
-keys (one per row, e.g. per request: `serving.request_keys`) gives row b in its i-th forward
-`fold_in(rng[b], i)`, so the row decodes as it would alone with `rng=rng[b:b+1]` (the serving
-engine inserts rows into a running batch this way; every other field is per row).
-
-threshold, factor and temperature are traced (`FastDLLMOptions.split`): sweeping them never
-recompiles. A row whose block logits are ever non-finite is flagged (`DecodeOutput.finite`).
+How it works, in full: docs/decoders.md, `decoding.fast_dllm`.
 """
 
 from __future__ import annotations
@@ -251,7 +208,7 @@ def _after_refresh(opts: FastDLLMOptions, cache: kv_cache.KVCache, refresh: Arra
 
 
 def _cached_logits(params, cfg, opts, state: FastState, live: Array, start: Array):
-  """[B, b, V] logits of each row's block and the cache to carry (module docstring), and the
+  """[B, b, V] logits of each row's block and the cache to carry (docs/decoders.md), and the
   [] slots per row the forward carried."""
   bl, g, t, lead = opts.block_length, opts.gen_length, state.canvas.shape[1], _lead(cfg)
   first = start - lead
@@ -378,7 +335,7 @@ def fast_dllm_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=Non
     cfg: the model config (needs mask_token_id).
     prompt_tokens: [B, P] int left-padded prompts; prompt_valid: [B, P] bool (None: all real).
     rng: PRNG key for temperature > 0 (default key 0), or [B] keys, one per row (each row
-      then draws from its own key only; module docstring).
+      then draws from its own key only; docs/decoders.md).
     on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
       "flag" (return them with `finite` False, lengths 0).
     **options: fields of `FastDLLMOptions` (unknown names raise ValueError).

@@ -3,49 +3,7 @@
 Shape legend: B batch, P padded prompt length, G gen_length, T = P + G canvas, V vocab,
 N = G // block_length blocks, S = steps.
 
-The canvas is `prompt | G x [MASK]`. A row's step i of S (its own count, `row_step`) works
-on block i // (S / N): one bidirectional forward over the whole canvas (no cache) proposes a
-token and a confidence for each masked slot of the current block (later blocks never
-compete), and each row commits its `k_i` most confident proposals. How many is the
-`unmasking` schedule (`unmasking.py`):
-"even" (default, LLaDA's): within a block of m masks and s steps, step j commits m // s
-tokens plus one for the first m % s steps; "cosine" (MaskGIT's): the counts of a cosine
-masking curve; both are precomputed statically. "entropy_bound" (the EB sampler) decides
-each row's count from the step's entropies (traced bound `entropy_bound`), so steps are
-dynamic: each row works on its own first block with masks left, and the loop ends when every
-row is done (G steps at most, the while_loop's static bound; `steps` must stay G). The
-Gumbel-max proposal runs in float32 (the reference uses float64 noise).
-
-Remasking (the confidence that orders commits): LLaDA `low_confidence` (probability of the
-proposal) and `random`; Dream `maskgit_plus` (= probability), `topk_margin`, `entropy` and
-`origin` (= random). `alg_temp` > 0 samples the order (Gumbel-top-k) instead of taking the top.
-Confidences (and the entropy-bound rule's entropies) always come from the unscaled guided
-logits, as in LLaDA (Dream scores the temperature-scaled distribution; both agree at
-temperature 0). Every schedule works with every ordering.
-
-NFE counts model calls: a CFG step runs the conditional and the prompt-masked copy as one
-batched call of 2B rows and counts once (the `DecodeOutput.nfe` convention); its compute per
-NFE is that of a 2B batch.
-
-Early stop: a row freezes once its first stop token (EOS/EoT) and everything before it are
-decided. That cannot change its output: the decided prefix never changes again, nothing can
-be committed before the stop, and everything after it is cut. Rows never interact (their
-forwards and random keys are per row), so freezing one cannot change another. The loop exits
-when every row is done.
-
-Per-row clock: each row counts the steps it was live in (`row_step` [B]: below S and, with
-early stop, not done), and its block, its count k and its ordering depend on that count
-only. Decoding a batch from scratch every live row's count equals the loop's `step`, so a
-batch decodes as before. Random keys: one key gives row r at loop step i
-`fold_in(fold_in(rng, i), row_offset + r)` (`sampling.row_keys`); a [B] array of keys (one
-per row, e.g. per request: `serving.request_keys`) gives row b `fold_in(rng[b],
-row_step[b])`, so the row decodes as it would alone with `rng=rng[b:b+1]`, whatever step the
-batch is at (the serving engine inserts rows into a running batch this way: every
-non-scalar field is per row). A row is done when its answer is final or its own S steps ran.
-
-temperature, alg_temp, cfg_scale and entropy_bound are traced (`LLaDAOptions.split`; only
-CFG on/off is static, since it doubles the forward batch): sweeping them never recompiles. A row whose
-block logits are ever non-finite is flagged (`DecodeOutput.finite`).
+How it works, in full: docs/decoders.md, `decoding.llada`.
 """
 
 from __future__ import annotations
@@ -383,6 +341,10 @@ class LLaDADecoder(protocol.LoopDecoder):
   """LLaDA: full-canvas bidirectional forwards, the top-k of each semi-AR block per step."""
   module = sys.modules[__name__]
   options = LLaDAOptions
+  sampling_options = ("temperature", "alg_temp")
+
+  def forwards(self, state):
+    return state.row_step  # each row follows its own S steps
 
 
 DREAM_DEFAULTS = {"remasking": "entropy"}
@@ -402,7 +364,7 @@ def llada_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, r
     cfg: the model config (needs mask_token_id).
     prompt_tokens: [B, P] int left-padded prompts; prompt_valid: [B, P] bool (None: all real).
     rng: PRNG key for temperature / random orders (default key 0), or [B] keys, one per
-      row (each row then draws from its own key only; module docstring).
+      row (each row then draws from its own key only; docs/decoders.md).
     on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
       "flag" (return them with `finite` False, lengths 0).
     **options: fields of `LLaDAOptions` (unknown names raise ValueError).

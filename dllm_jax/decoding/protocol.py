@@ -40,6 +40,12 @@ per prompt, such as adaptive's task tags), `attention` / `drafter_attention` (th
 pattern the decoded model and its drafter are trained with) and `options` (the options
 dataclass whose fields are the option names; or override `option_names`).
 
+The serving lane (`serving.rows`, one adapter for every decoder) also reads hooks declared
+here with defaults: `cache_fields` / `row_axes`, `pad` (re-pad a state to a larger prompt
+bucket), `progress` / `forwards` (per-row response, final prefix, done, finite, NFE),
+`lane_plan`, `lane_options`, `lane_row_options` / `row_input`, `sampling_options`,
+`check_window` and `prompt_mask_id`.
+
 Adding a decoder is one class and one `registry.register` call
 (docs/adding_a_decoder.md walks through one).
 """
@@ -56,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dllm_jax.decoding import base, registry
+from dllm_jax.models import masks
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.parallel import mesh as mesh_lib
 from dllm_jax.parallel import sharding
@@ -171,6 +178,116 @@ class Decoder:
     pins its state's sharding returns a copy that knows the mesh)."""
     del mesh, rules
     return self
+
+  # --------------------------------------------------------------- serving (serving.rows)
+  # A served state keeps every cursor per row and a [B] `done` and `finite`, so a slot's row
+  # can be replaced while the others decode on. `cache_fields`: the state fields that are
+  # K/V caches (their k and v, [L, B, S, K, Dh], are per row on axis 1); `lane_options`:
+  # options given once per lane (a second model), which a request may not name;
+  # `lane_row_options`: request options that may differ between a lane's rows (`row_input`
+  # turns them into the row's `row_inputs` entry); `sampling_options`: traced options whose
+  # zero is a program of its own (`base.ZERO_IS_STATIC`), served per row by a sampling lane.
+  cache_fields: ClassVar[tuple[str, ...]] = ("cache",)
+  lane_options: ClassVar[tuple[str, ...]] = ()
+  lane_row_options: ClassVar[tuple[str, ...]] = ()
+  sampling_options: ClassVar[tuple[str, ...]] = ("temperature",)
+
+  @classmethod
+  def per_row_options(cls, traced) -> tuple[str, ...]:
+    """The options a lane's traced part carries one value per row of (what a request may set
+    for its own row without recompiling): the traced dict's keys that are option names."""
+    names = set(cls.option_names())
+    return tuple(k for k in traced if k in names) if isinstance(traced, dict) else ()
+
+  @classmethod
+  def lane_plan(cls, cfg: ModelConfig, options: dict) -> Plan:
+    """The plan of a serving lane's (or request's) options (default: `plan`)."""
+    return cls.plan(cfg, **options)
+
+  def row_input(self, options: dict, request: dict) -> int:
+    """The int32 a request's `lane_row_options` give its row (`options`: the lane's)."""
+    del options, request
+    return 0
+
+  @classmethod
+  def row_axes(cls, state):
+    """The row axis of every state leaf (None: a shared scalar): 0, or 1 for the k and v of
+    the `cache_fields`."""
+    def axis(path, leaf):
+      if jnp.ndim(leaf) == 0:
+        return None
+      keys = [getattr(p, "name", getattr(p, "key", None)) for p in path]
+      return 1 if (len(keys) >= 2 and keys[-2] in cls.cache_fields
+                   and keys[-1] in ("k", "v")) else 0
+    return jax.tree_util.tree_map_with_path(axis, state)
+
+  def prompt_mask_id(self):
+    """The id a served prompt must not hold (the [MASK] a diffusion model decodes), or None."""
+    return None if self.attention == "causal" else self.cfg.mask_token_id
+
+  def check_window(self, prompt_len: int) -> None:
+    """Raises ValueError unless a lane's largest prompt bucket + gen_length fits."""
+    base.check_window(self.cfg, prompt_len, self.gen_length,
+                      getattr(self.opts, "block_length", 1))
+
+  def pad(self, state, prompt_len: int):
+    """A state built at a smaller prompt bucket as if built at `prompt_len` (default: a
+    canvas state, [B, p + G] `canvas` / `valid` / `positions` and a cache in canvas order
+    that no forward wrote yet, gets padding slots prepended)."""
+    extra = prompt_len + self.gen_length - state.canvas.shape[1]
+    state = state.replace(
+        canvas=pad_axis(state.canvas, 1, extra, 0, base.output_pad_id(self.cfg)),
+        valid=pad_axis(state.valid, 1, extra, 0, False),
+        positions=pad_axis(state.positions, 1, extra, 0, 0))
+    if getattr(state, "cache", None) is not None:
+      c = state.cache
+      state = state.replace(cache=c.replace(
+          k=pad_axis(c.k, 2, extra, 0, 0), v=pad_axis(c.v, 2, extra, 0, 0),
+          block_ids=pad_axis(c.block_ids, 1, extra, 0, masks.NO_KEY)))
+    return state
+
+  def forwards(self, state) -> Array:
+    """[B] forwards each row was live in (its NFE decoded alone)."""
+    return state.forwards
+
+  def progress(self, state):
+    """(response [B, G], prefix [B]: leading slots that are final, done [B], finite [B],
+    nfe [B]): what a serving lane streams and harvests."""
+    response, decided = self.view(state)
+    return response, leading_true(decided), self.done(state), state.finite, self.forwards(state)
+
+
+def pad_axis(x: Array, axis: int, before: int, after: int, value) -> Array:
+  if not before and not after:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (before, after)
+  return jnp.pad(x, widths, constant_values=value)
+
+
+def leading_true(mask: Array) -> Array:
+  """[B, G] bool -> [B] int32 length of each row's leading run of True."""
+  return jnp.sum(jnp.cumprod(mask.astype(jnp.int32), axis=1), axis=1, dtype=jnp.int32)
+
+
+def append_cache_slots(cache, capacity: int):
+  """A cache with `capacity` slots per row: new slots empty (NO_KEY), lengths unchanged."""
+  extra = capacity - cache.capacity
+  return cache.replace(k=pad_axis(cache.k, 2, 0, extra, 0), v=pad_axis(cache.v, 2, 0, extra, 0),
+                       block_ids=pad_axis(cache.block_ids, 1, 0, extra, masks.NO_KEY))
+
+
+def prepend_cache_slots(cache, extra: int, capacity: int):
+  """`extra` empty slots before every row's, lengths + extra, cut to `capacity`: a cache
+  holding each row's prompt in its first p slots, re-padded to prompt bucket p + extra
+  (positions are the rows' own, so moving the slots changes no attention)."""
+  if not extra:
+    return cache
+  return cache.replace(k=pad_axis(cache.k, 2, extra, 0, 0)[:, :, :capacity],
+                       v=pad_axis(cache.v, 2, extra, 0, 0)[:, :, :capacity],
+                       block_ids=pad_axis(cache.block_ids, 1, extra, 0,
+                                           masks.NO_KEY)[:, :capacity],
+                       length=cache.length + extra)
 
 
 class LoopDecoder(Decoder):

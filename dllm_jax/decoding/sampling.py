@@ -3,38 +3,7 @@
 Shape legend: B batch, T canvas positions, V vocab. All functions are pure and jit-able;
 randomness comes from an explicit key (fold it in per step: `fold_in(rng, step)`).
 
-Keys may also come one per row or one per position: wherever a function takes `rng`, a key
-array whose shape is the leading shape of the draw (e.g. [B, T] keys for [B, T, V] Gumbel
-noise) draws each position's noise from its own key (`keyed_noise`). Per-position keys make
-a row's randomness independent of the batch and of the forward window it sits in: the
-serving engine derives them from (request seed, row step, response slot) only
-(`row_step_keys`, `slot_keys`).
-
-Scalar traced options (temperature, top_k, top_p, the order temperature) may be Python numbers or
-traced [] arrays: decoders pass them traced, so sweeping them never recompiles. A traced
-temperature of 0 is still exactly greedy (`lax.cond` picks the plain argmax). A decoder's
-traced options may also hold one value per row ([B], the serving engine's rows, each with its
-request's options): `map_rows` maps those with the rows (inside it a row's `lax.cond` becomes
-a select, so a row at temperature 0 takes the argmax and a sampled row its draw, exactly as
-alone), and `by_row` broadcasts one against [B, ...] arrays.
-
-Ranking (`rank_scores`) is the one place every decoder orders positions by confidence, in
-one of two modes chosen by a static Python bool `invariant` (the decoders' `batch_invariant`
-option):
-
-  reference (invariant=False, the default)  float32 scores compared exactly, ties to the
-      lowest slot (a stable descending sort / first-max argmax): the order of the reference
-      decoders (LLaDA's, Fast-dLLM's and D2F's `torch.topk` / `argmax`), so a row commits the
-      slots their public `generate` commits.
-  batch-invariant (invariant=True)  scores rounded to a grid of `RANK_GRID` before ranking,
-      ties to the lowest slot. A forward's float noise depends on the batch size and the mesh
-      (different matmul blockings and reduction orders, ~1e-6 on entropies); exact scores
-      can rank a near-tie differently alone, in a batch and on a mesh; the grid does not,
-      unless the noise moves a score across a grid line (no row of the trained demo models;
-      5-6% of rows with entropy scores on near-uniform random weights).
-
-The mode is static, so the default program has no rounding in it. docs/design.md ("Ranking:
-reference order vs batch invariance") states the trade-off with measured flip rates.
+How it works, in full: docs/decoders.md, `decoding.sampling`.
 """
 
 from __future__ import annotations

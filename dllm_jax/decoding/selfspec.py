@@ -3,48 +3,7 @@ draft causally AND drafts the next block by diffusion.
 
 Shape legend: B batch, P padded prompt length, G gen_length, k draft_length, V vocab.
 
-The network is trained by `diffusion.objectives.selfspec_loss`: a causal AR loss, plus a
-block of masks that sees a clean causal prefix. Attention is the id rule of models/masks.py
-(a query sees a key iff key_id <= query_id): clean tokens carry ids = positions (causal); the
-mask block carries one shared id one above the last clean token's, so it sees the whole
-prefix and itself, and no clean token sees it (the verification is unchanged by it).
-
-Each forward (one loop round) carries, per row:
-
-    [ x  d_1 .. d_k | M_0 | M_1 | .. | M_k ]   x: the last committed token (not yet cached)
-      clean, causal   k + 1 mask blocks        d: the draft of the previous round
-
-  * the clean slots verify: slot j predicts the token after it (p_1 .. p_k, bonus p_{k+1});
-    `speculative.verify` accepts a drafts and adds the target's token, as in speculative
-    decoding with the same network as target;
-  * mask block M_a (k + 1 masks) drafts for the outcome "a drafts accepted": it sits right
-    after d_a (after x for a = 0), sees the clean prefix up to d_a and itself, and nothing
-    else (its own branch: `masks.visibility`). Its first mask lands on the position of the
-    target's token (the correction or bonus), the k after it are the next draft. The round
-    keeps the block of the outcome that happened, so every round drafts, after a partial
-    acceptance as after a full one (TiDAR's pre-drafting for every acceptance outcome).
-    A forward is (k + 1)(k + 2) slots (`forward_width`).
-
-The first forward carries `prompt ++ M_0` (one mask block, no separate prefill): it commits the AR
-token after the prompt and drafts the k after it. Only the clean slots are written to the
-K/V cache (exact causal K/V); rejected drafts are truncated away (`kv_cache.truncate`).
-
-Exactness: the committed tokens are the network's own AR choices over the committed prefix,
-so at temperature 0 the output equals `ar_generate` on the same params (tests check this on
-random and trained models); at temperature > 0 the draft is deterministic given the prefix,
-q is a point mass, and the rule (accept with p(d), else resample from p without d) makes the
-output distributed exactly as AR sampling. NFE: one forward per round (`nfe == steps`);
-tokens per forward = committed / rounds (`SelfSpecStats`).
-
-Keys: one key draws round i's row b from fold_in(fold_in(fold_in(rng, i), 1), b); [B] keys
-(one per row, `serving.request_keys`) from fold_in(fold_in(rng[b], rounds[b]), 1), the row's
-own key at its own round count (`speculative.round_keys`), so the serving engine's rows
-(`serving.selfspec_rows`) decode as they would alone whenever they joined.
-
-Non-finite logits: a live row whose verified slots or mask block got NaN/inf logits is
-flagged (`DecodeOutput.finite` False, tokens pad, length 0; `on_nonfinite` chooses between
-NonFiniteLogitsError and the flag). `_init` (round 0), `_step` (one round) and `output` are
-also the step interface `decoding.streaming` drives (one event per forward).
+How it works, in full: docs/decoders.md, `decoding.selfspec`.
 """
 
 from __future__ import annotations
@@ -277,9 +236,11 @@ class SelfSpecDecoder(spec.RoundDecoder):
   finish = staticmethod(output)
   init_forwards = True   # the init's forward (prompt + mask block) commits the first token
   attention = "selfspec"
+  sampling_options = ()  # every option is static (temperature: greedy is its own rule)
 
   @classmethod
   def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:
+    check_model(cfg)
     opts = base.make_options(SelfSpecOptions, options)
     return protocol.Plan(cls(cfg, opts), {"row_offset": np.int32(0)})
 
@@ -293,33 +254,38 @@ class SelfSpecDecoder(spec.RoundDecoder):
   def step(self, params, state):
     return _step(params, state, cfg=self.cfg, opts=self.opts)
 
+  def check_window(self, prompt_len: int) -> None:
+    base.check_window(self.cfg, prompt_len, self.gen_length)
+    check_capacity(self.cfg, prompt_len, self.opts)
+
+  def pad(self, state, prompt_len):
+    # The cache is [prompt width | G]: prepend empty slots (positions are the row's own).
+    extra = prompt_len - (state.cache.capacity - self.gen_length)
+    return state.replace(cache=protocol.prepend_cache_slots(
+        state.cache, extra, _capacity(prompt_len, self.opts)))
+
+  def forwards(self, state):
+    return state.rounds  # one forward a round
+
 
 
 # ----------------------------------------------------------------------------- public API
 
 def selfspec_generate(params, cfg: ModelConfig, prompt_tokens, prompt_valid=None, rng=None, *,
-                      gen_length: int = base.GEN_LENGTH, draft_length: int = 3,
-                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                      early_stop: bool = True, on_nonfinite: str = "raise",
-                      return_stats: bool = False):
+                      on_nonfinite: str = "raise", return_stats: bool = False, **options):
   """Self-speculative (TiDAR-style) decoding of a left-padded prompt batch.
 
   Args:
     params, cfg: one network trained with `selfspec_loss` (causal AR + masked block drafts).
     prompt_tokens, prompt_valid: [B, P] left-padded prompts; valid None means no padding.
     rng: PRNG key (temperature > 0; default key 0).
-    gen_length: G. draft_length: k drafted tokens per forward (1 <= k <= G).
-    temperature, top_k, top_p: sampling as in `ar_generate`; greedy output equals
-      `ar_generate(params, cfg, ...)`, sampled output is distributed as AR sampling.
-    early_stop: leave the loop once every row is done.
     on_nonfinite: "raise" (NonFiniteLogitsError naming rows whose logits were NaN/inf) or
       "flag" (return them with `finite` False, lengths 0).
     return_stats: also return `SelfSpecStats` (forwards, per-row rounds / drafts / accepts).
+    **options: fields of `SelfSpecOptions` (gen_length, draft_length, temperature, ...);
+      greedy output equals `ar_generate(params, cfg, ...)`.
   Returns:
     base.DecodeOutput (nfe = steps = forwards), and the stats when return_stats.
   """
-  return protocol.decode_batch(
-      SelfSpecDecoder, params, cfg, prompt_tokens, prompt_valid, rng,
-      on_nonfinite=on_nonfinite, with_stats=return_stats, gen_length=gen_length,
-      draft_length=draft_length, temperature=temperature, top_k=top_k, top_p=top_p,
-      early_stop=early_stop)
+  return protocol.decode_batch(SelfSpecDecoder, params, cfg, prompt_tokens, prompt_valid, rng,
+                               on_nonfinite=on_nonfinite, with_stats=return_stats, **options)

@@ -3,57 +3,7 @@
 Shape legend: B batch, P padded prompt length, G gen_length, k draft_length, V vocab,
 D model width.
 
-Each round (one iteration of one jitted `lax.while_loop`, every row its own cursor `n`):
-
-  1. The drafter proposes k tokens after the accepted prefix (`decoding.drafters`):
-     - "ar": a small causal LM, k cached one-token forwards (its first forward also feeds the
-       last accepted token, and the one before it when the previous round accepted all k);
-     - "d2f" / "block_diffusion": a block-causal diffusion LM (mask id required) forwards the
-       accepted-but-uncached tokens plus a block of k masks over its exact K/V cache and fills
-       the block in `draft_steps` parallel forwards (d2f default 1; block_diffusion default k,
-       one most-confident token per forward, BD3's semi-AR schedule). Its layout: prompt id 0
-       (as trained), response token j id 1 + j (a clean causal context, so its cached K/V is
-       final the moment it is written), and the mask block one shared id 1 + n (it sees the
-       whole prefix and itself; nothing sees it; it is never cached).
-     - "selfspec": a diffusion drafter trained by `objectives.selfspec_loss` (TiDAR's draft
-       block): the same one-forward draft, in the layout it was trained on: every clean
-       token, the prompt's too, carries its position as id (causal), and the mask block the
-       id of its first slot's position (one above the last clean token's).
-  2. The AR target runs ONE causal forward over its cache on `[last, d_1 .. d_k]` (k + 1
-     slots; the first round forwards `prompt ++ d_1 .. d_k`, so there is no separate prefill):
-     slot j predicts the token after it, i.e. p_1 .. p_k for the drafts and p_{k+1} (bonus).
-  3. `verify` accepts a prefix of a drafts and adds one target token (correction or bonus):
-     each round commits a + 1 tokens, so the loop runs at most G rounds.
-  4. Rollback: both caches are written for the whole chunk, then truncated
-     (`kv_cache.truncate`) to the accepted prefix, which both resets the per-row length and
-     hides the rejected slots (their ids become NO_KEY) until they are overwritten.
-
-Acceptance rule (what is exact):
-  * temperature 0: accept the longest prefix with d_j == argmax p_j, then argmax p_{a+1}.
-    The committed tokens are the target's greedy choices, so the output equals
-    `ar_generate(target)` token for token (up to float rounding between a one-token and a
-    (k + 1)-token forward, which the tests check on random and trained models).
-  * temperature > 0 (Leviathan et al. 2023, Chen et al. 2023): accept d_j with probability
-    min(1, p_j(d_j) / q_j(d_j)); at the first rejection sample from norm(max(0, p_j - q_j));
-    after a full accept sample the bonus from p_{k+1}. p is the target's distribution exactly
-    as `ar_generate` samples it (temperature, top_k, top_p, [MASK] forbidden), so outputs are
-    distributed exactly as AR sampling. q for the AR drafter is its own filtered distribution
-    at the same settings (its drafts are sampled from it). A diffusion drafter drafts
-    deterministically (greedy proposals, a deterministic commit order): given the prefix its
-    draft is a fixed token, so q_j is the point mass at d_j; the rule then accepts with
-    probability p_j(d_j) and resamples from p_j with d_j removed, which is exact.
-
-NFE: `nfe = target_forwards + drafter_forwards` (batched calls, each counted once).
-Per round: 1 target forward; k drafter forwards ("ar"); `draft_steps` ("d2f",
-"block_diffusion", "selfspec"). With `return_stats=True` a `SpeculativeStats` reports them
-separately, plus per row the rounds it was live, drafts offered and drafts accepted:
-tokens per target forward = committed / rounds.
-
-Non-finite logits: a row is flagged (`DecodeOutput.finite` False, tokens pad, length 0) when a
-forward of either model gave it NaN/inf logits while it was live; `on_nonfinite` chooses
-between NonFiniteLogitsError and the flag. The loop is `_init` (round 0), `_step` (one
-round) and `output`, also exposed as the step interface `decoding.streaming` drives (one
-event per round; the plan carries the drafter's params next to the target's).
+How it works, in full: docs/decoders.md, `decoding.speculative`.
 """
 
 from __future__ import annotations
@@ -108,7 +58,7 @@ class SpeculativeOptions:
 
   Attributes:
     gen_length: G, the most tokens generated per row.
-    drafter: "ar", "d2f", "block_diffusion" or "selfspec" (see the module docstring).
+    drafter: "ar", "d2f", "block_diffusion" or "selfspec" (see the docs/decoders.md).
     draft_length: k, tokens drafted and verified per round (1 <= k <= G).
     draft_steps: forwards a diffusion drafter spends on a block (1..k; 0 = its default:
       1 for "d2f" and "selfspec", k for "block_diffusion"); must be 0 for "ar".
@@ -202,7 +152,7 @@ def _leading(ok: Array) -> Array:
 def verify(logits: Array, drafts: Array, n_drafts: Array, keys: Array, *,
            temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, forbid_ids=(),
            draft_probs: Array | None = None):
-  """The speculative acceptance rule (see the module docstring).
+  """The speculative acceptance rule (see the docs/decoders.md).
 
   Args:
     logits: [B, k + 1, V] target logits; slot j predicts the token after draft j (slot 0:
@@ -515,10 +465,41 @@ class RoundDecoder(protocol.Decoder):
     return self.finish(self.cfg, self.opts, state)[1]
 
 
+class DraftedDecoder(RoundDecoder):
+  """A round-based hybrid of an AR target and a drafter (speculative, adaptive): served, the
+  drafter is a lane option and each row has a target cache `tcache` ([L, B, P + G, K, Dh])
+  and a drafter cache `dcache`, both holding the prompt in their first p slots."""
+  lane_options = ("drafter_params", "drafter_cfg")
+  cache_fields = ("tcache", "dcache")
+
+  def drafter_capacity(self, prompt_len: int) -> int:
+    """The drafter cache's slots at prompt width `prompt_len`."""
+    raise NotImplementedError
+
+  def check_window(self, prompt_len: int) -> None:
+    base.check_window(self.cfg, prompt_len, self.gen_length)
+    base.check_window(self.drafter_cfg, prompt_len, self.gen_length)
+    check_drafter_capacity(self.drafter_cfg, self.opts, self.drafter_capacity(prompt_len))
+
+  def pad(self, state, prompt_len):
+    # Both caches hold the prompt first: prepend empty slots (positions are the row's own).
+    g = self.gen_length
+    extra = prompt_len - (state.tcache.capacity - g)
+    return state.replace(
+        tcache=protocol.prepend_cache_slots(state.tcache, extra, prompt_len + g),
+        dcache=protocol.prepend_cache_slots(state.dcache, extra,
+                                            self.drafter_capacity(prompt_len)))
+
+  def abstract_params(self):
+    from dllm_jax.models.transformer import abstract_params  # pylint: disable=import-outside-toplevel
+    return abstract_params(self.cfg), abstract_params(self.drafter_cfg)
+
+
 @dataclasses.dataclass(frozen=True)
-class SpeculativeDecoder(RoundDecoder):
+class SpeculativeDecoder(DraftedDecoder):
   """A drafter proposes, the AR target verifies: `opts` is the `SpeculativeOptions`; the state and
-  `params` hold both models ((target, drafter) params)."""
+  `params` hold both models ((target, drafter) params). Served, the target's sampling
+  (temperature, top_k, top_p) is traced per row (`lane_plan`)."""
   drafter_cfg: ModelConfig = None
 
   finish = staticmethod(output)
@@ -546,16 +527,35 @@ class SpeculativeDecoder(RoundDecoder):
     base.check_prompts(dcfg, tokens, valid, opts.gen_length, needs_mask=opts.drafter != "ar")
     check_drafter_capacity(dcfg, opts, _drafter_capacity(np.shape(tokens)[1], opts))
 
+  @classmethod
+  def lane_plan(cls, cfg: ModelConfig, options: dict) -> protocol.Plan:
+    plan = cls.plan(cfg, **options)
+    # Temperature 0 keeps its own program (the greedy rule: `base.ZERO_IS_STATIC`).
+    static, traced = base.split_options(plan.decoder.opts, {"temperature": 0.0, "top_k": 0,
+                                                            "top_p": 1.0}, {"top_k": np.int32})
+    return dataclasses.replace(plan, decoder=dataclasses.replace(plan.decoder, opts=static),
+                               traced=dict(plan.traced, **traced))
+
   def init(self, params, tokens, valid, rng, traced, row_inputs=None):
     return _init(*params, tokens, valid, rng, tcfg=self.cfg, dcfg=self.drafter_cfg,
-                 opts=self.opts, offset=traced["row_offset"])
+                 opts=self.opts, offset=traced["row_offset"],
+                 traced=traced if "temperature" in traced else None)
 
   def step(self, params, state):
     return _step(*params, state, tcfg=self.cfg, dcfg=self.drafter_cfg, opts=self.opts)
 
-  def abstract_params(self):
-    from dllm_jax.models.transformer import abstract_params  # pylint: disable=import-outside-toplevel
-    return abstract_params(self.cfg), abstract_params(self.drafter_cfg)
+  def drafter_capacity(self, prompt_len: int) -> int:
+    return _drafter_capacity(prompt_len, self.opts)
+
+  def prompt_mask_id(self):
+    # A diffusion drafter reads [MASK] as a blank; the AR target has no such id.
+    return None if self.opts.drafter == "ar" else self.drafter_cfg.mask_token_id
+
+  def forwards(self, state):
+    # A row's rounds, each one target forward and the drafter's forwards (k for an AR
+    # drafter, `steps` for a diffusion one), as a one-row decode counts.
+    per_round = self.opts.draft_length if self.opts.drafter == "ar" else self.opts.steps
+    return state.rounds * (1 + per_round)
 
 
 def check_drafter(target_cfg: ModelConfig, drafter_params, drafter_cfg, method: str,
@@ -582,13 +582,8 @@ def check_drafter_capacity(dcfg: ModelConfig, opts, capacity: int) -> None:
 # ----------------------------------------------------------------------------- public API
 
 def speculative_generate(target_params, target_cfg: ModelConfig, prompt_tokens,
-                         prompt_valid=None, rng=None, *, drafter_params=None,
-                         drafter_cfg: ModelConfig | None = None, drafter: str = "d2f",
-                         gen_length: int = base.GEN_LENGTH, draft_length: int = 4,
-                         draft_steps: int = 0, temperature: float = 0.0, top_k: int = 0,
-                         top_p: float = 1.0, early_stop: bool = True,
-                         batch_invariant: bool = False, on_nonfinite: str = "raise",
-                         return_stats: bool = False):
+                         prompt_valid=None, rng=None, *, on_nonfinite: str = "raise",
+                         return_stats: bool = False, **options):
   """Speculative decoding of a left-padded prompt batch: drafter proposes, AR target verifies.
 
   Args:
@@ -598,30 +593,18 @@ def speculative_generate(target_params, target_cfg: ModelConfig, prompt_tokens,
     rng: PRNG key (temperature > 0; default key 0), or [B] keys, one per row (row b's
       round i draws from fold_in(rng[b], i): it decodes as alone with rng[b:b + 1], the
       serving engine's per-request keys; `round_keys`).
-    drafter_params, drafter_cfg: the drafter (required); it must share the target's
-      tokenizer (VocabMismatchError otherwise). Diffusion drafters need a mask_token_id.
-    drafter: "ar" (small causal LM), "d2f" or "block_diffusion" (block-causal diffusion LM),
-      "selfspec" (a diffusion LM trained by `selfspec_loss`: causal context, one mask block).
-    gen_length: G. draft_length: k tokens drafted per round, 1 <= k <= G.
-    draft_steps: forwards per drafted block for diffusion drafters (0: 1 for "d2f" and
-      "selfspec", k for "block_diffusion").
-    temperature, top_k, top_p: the target's sampling (as `ar_generate`); the output is
-      distributed exactly as AR sampling, and equals AR greedy at temperature 0.
-    early_stop: leave the loop once every row is done (the loop never runs past that either
-      way: every round of a live row commits at least one token).
-    batch_invariant: a diffusion drafter ranks on the grid (`SpeculativeOptions`).
     on_nonfinite: "raise" (NonFiniteLogitsError naming the rows for which a forward of
       either model gave NaN/inf logits) or "flag" (return them with `finite` False,
       lengths 0).
     return_stats: also return a `SpeculativeStats` (target / drafter forwards, per-row acceptance).
+    **options: `drafter_params`, `drafter_cfg` (the drafter, required: it must share the
+      target's tokenizer, VocabMismatchError otherwise; a diffusion drafter needs a
+      mask_token_id) and the fields of `SpeculativeOptions` (drafter kind, draft_length,
+      draft_steps, the target's temperature / top_k / top_p, ...).
   Returns:
     base.DecodeOutput (nfe = target + drafter forwards; steps = rounds), and the SpeculativeStats
     when return_stats.
   """
-  options = dict(drafter_params=drafter_params, drafter_cfg=drafter_cfg, drafter=drafter,
-                 gen_length=gen_length, draft_length=draft_length, draft_steps=draft_steps,
-                 temperature=temperature, top_k=top_k, top_p=top_p, early_stop=early_stop,
-                 batch_invariant=batch_invariant)
   return protocol.decode_batch(SpeculativeDecoder, target_params, target_cfg, prompt_tokens,
                                prompt_valid, rng, on_nonfinite=on_nonfinite,
                                with_stats=return_stats, **options)

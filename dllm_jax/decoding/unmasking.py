@@ -3,32 +3,7 @@
 Shape legend: R ranked rows (batch rows, or rows x blocks), W slots of one block, k slots
 per block, s steps per block.
 
-Which slots a step commits is the decoder's ranking (remasking); how many is the schedule:
-
-  even           LLaDA's split: step j of a block commits k // s, plus one for j < k % s.
-  cosine         MaskGIT's cosine schedule. After step j of s, M_j slots of the block stay
-                 masked: M_{-1} = k and M_j = min(floor(k * cos(pi/2 * (j + 1) / s) + 1e-9),
-                 M_{j-1} - 1) in float64 (the 1e-9 keeps exact integers such as
-                 8 * cos(pi/3) = 4 from rounding down). Step j commits M_{j-1} - M_j: at least
-                 one, k in all after s steps (M_{s-1} = 0). Every step has a slot left to
-                 commit: cos is concave on [0, pi/2], so k cos(pi/2 t) >= k (1 - t) and
-                 M_j >= s - 1 - j for s <= k. With s = k every step commits one, exactly
-                 like even.
-  entropy_bound  The entropy-bounded (EB) sampler (Ben-Hamu et al. 2025, "Accelerated
-                 Sampling from Masked Diffusion Models via Entropy Bounded Unmasking"; the
-                 confidence-adaptive acceptance DiffusionGemma uses): take a block's masked
-                 slots in the decoder's commit order, e_1, e_2, ... their predictive entropies
-                 (nats, of the unscaled model distribution), and commit the longest prefix U
-                 with sum(e_U) - max(e_U) <= `entropy_bound` (a prefix sum that never
-                 decreases, so the prefix is the count of prefixes satisfying it); at least one
-                 slot and never more than remain. With remasking "entropy" (Dream's default)
-                 the order is lowest entropy first, the published setting. The count is
-                 decided per row and step, so the number of steps is dynamic: a block moves on
-                 once it is fully decided, and the loop ends when every row is done (at most
-                 k steps per block, G in all: the static while_loop bound).
-
-even and cosine counts are static (a host-side NumPy schedule); `entropy_bound` is a
-traced option (sweeping it never recompiles).
+How it works, in full: docs/decoders.md, `decoding.unmasking`.
 """
 
 from __future__ import annotations
@@ -58,7 +33,7 @@ def check(unmasking, entropy_bound) -> None:
 
 def counts(unmasking: str, block_length: int, steps: int) -> np.ndarray:
   """[s] int32 slots committed by each step of a block of k = block_length masks (even or
-  cosine; module docstring). Requires 1 <= s <= k; the counts are >= 1 and sum to k."""
+  cosine; docs/decoders.md). Requires 1 <= s <= k; the counts are >= 1 and sum to k."""
   k, s = int(block_length), int(steps)
   if not 1 <= s <= k:
     raise ValueError(f"steps per block ({s}) must lie in [1, block_length={k}]: each step "

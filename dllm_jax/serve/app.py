@@ -35,12 +35,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from dllm_jax.serve import errors, protocol
-from dllm_jax.serve.backend import Backend, QueueFullError
+from dllm_jax.serve.backend import Backend
 from dllm_jax.serve.metrics import CONTENT_TYPE_LATEST
 from dllm_jax.serve.text import StopText
-from dllm_jax.serving import Result, StreamUpdate
+from dllm_jax.serving import QueueFullError, Result, StreamUpdate
 
 _GONE = object()  # put on a call's queue when its client disconnects
+_LATE = object()  # put on a call's queue at its deadline
 
 
 def _dumps(x) -> str:
@@ -88,6 +89,7 @@ class _Call:
     self.id = ("chatcmpl-" if job.chat else "cmpl-") + uuid.uuid4().hex
     self.created = int(time.time())
     self._watcher: asyncio.Task | None = None
+    self._timer: asyncio.TimerHandle | None = None
     self._closed = False
     self._streams = 0
 
@@ -114,6 +116,7 @@ class _Call:
       self._streams, self._client = job.choices, client
       server.streams[client] += job.choices
     self._watcher = asyncio.ensure_future(self._watch())
+    self._timer = self.loop.call_at(self.deadline, self.queue.put_nowait, _LATE)
 
   async def _watch(self) -> None:
     while (await self.request.receive())["type"] != "http.disconnect":
@@ -137,6 +140,8 @@ class _Call:
         del self.server.streams[self._client]
     if self._watcher is not None and asyncio.current_task() is not self._watcher:
       self._watcher.cancel()
+    if self._timer is not None:
+      self._timer.cancel()
     self.server.metrics.latency.labels(self.job.lane).observe(time.perf_counter() - self.start)
 
   @property
@@ -145,20 +150,22 @@ class _Call:
 
   # -- events
   async def next(self) -> list:
-    """Waits for the next engine event; returns the pieces it adds: (index, text delta,
-    finish reason or None). Raises APIError on a timeout or a failed row, _Gone if the
-    client left."""
-    remaining = self.deadline - self.loop.time()
-    try:
-      if remaining <= 0:
-        raise asyncio.TimeoutError
-      item = await asyncio.wait_for(self.queue.get(), remaining)
-    except asyncio.TimeoutError:
-      self.close("timeout")
-      raise errors.timeout(self.server.limits.request_timeout) from None
-    if item is _GONE:
-      raise _Gone
-    return self._apply(*item)
+    """Waits for the next engine event, then takes every other one already queued (a slow
+    client or loop gets one chunk per choice for several engine steps, not one per step).
+    Returns the pieces they add: (index, text delta, finish reason or None). Raises APIError
+    on a timeout or a failed row, _Gone if the client left."""
+    items = [await self.queue.get()]
+    while not self.queue.empty():
+      items.append(self.queue.get_nowait())
+    pieces = []
+    for item in items:
+      if item is _LATE:
+        self.close("timeout")
+        raise errors.timeout(self.server.limits.request_timeout)
+      if item is _GONE:
+        raise _Gone
+      pieces += self._apply(*item)
+    return pieces
 
   def _apply(self, index: int, event) -> list:
     if self.finish[index] is not None:  # finished at a stop string; its row's tail is moot
@@ -320,16 +327,17 @@ class _Server:
       raise
 
   async def _stream(self, call: _Call, pieces: list):
+    # Each yield is one write: a chat stream's opening goes with its first text, and the last
+    # text with the closing (no empty writes).
     try:
-      yield call.opening()
-      while True:
+      head = call.opening()
+      while not call.done:
         if pieces:
-          yield call.chunk(pieces)
-        if call.done:
-          break
+          yield head + call.chunk(pieces)
+          head = ""
         pieces = await call.next()
       call.close("ok")
-      yield call.closing()
+      yield head + (call.chunk(pieces) if pieces else "") + call.closing()
     except errors.APIError as error:
       call.close("error")
       yield "data: " + _dumps(error.body()) + "\n\n" + "data: [DONE]\n\n"

@@ -11,9 +11,11 @@ The asyncio event loop never touches an engine: `submit` and `cancel` (called on
 append commands to a queue that the engine thread drains before each `Engine.step()`; the
 events of a step go back to the loop in one `loop.call_soon_threadsafe` call, which puts each
 on its request's asyncio queue. Admission is decided on the loop, at once: a lane accepts a
-choice while fewer than `slots + max_queue` of its choices are in flight (else
-`QueueFullError`: a 429). Every finished row's `Result` is popped from its engine, so nothing
-accumulates over a long run.
+choice while fewer than `slots + max_queue` of its choices are in flight (else the engine's
+`QueueFullError`: a 429). The bound is the backend's, not the engines' `max_queue` (left
+unset): a request's choices are admitted or refused together, before any reaches the engine
+thread. Every finished row's `Result` is popped from its engine, so nothing accumulates over
+a long run.
 
 Several engines may serve at once (one per model: e.g. the demo's AR and D2F models); lane
 names (methods) are unique across them. If a device call fails, every request in flight is
@@ -31,14 +33,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dllm_jax.serve.metrics import ServerMetrics
-from dllm_jax.serving import Engine, RequestError, Result
+from dllm_jax.serving import Engine, QueueFullError, RequestError, Result
 
 # The event jax.monitoring reports for each XLA backend compile.
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-
-
-class QueueFullError(Exception):
-  """A lane's slots and queue are full; retry later."""
 
 
 class EngineFailedError(RequestError):
@@ -87,6 +85,11 @@ class LaneInfo:
   @property
   def slots(self) -> int:
     return self.engine.num_slots
+
+  @property
+  def per_row(self) -> tuple[str, ...]:
+    """The options each row of the lane holds its own value of (the engine's traced ones)."""
+    return self.lane.per_row
 
 
 @dataclasses.dataclass(eq=False)

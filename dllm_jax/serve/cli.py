@@ -136,7 +136,7 @@ def load_engines(args, methods, options, mesh) -> list:
   """One `Engine` per network the methods decode with, each with its lanes' options."""
   from dllm_jax import loading
   from dllm_jax.sampler import load_drafter, takes_drafter
-  from dllm_jax.serving import Engine
+  from dllm_jax.serving import Engine, serves_sampling
   groups: dict = {}
   for method in methods:
     key = _model_key(args.model, method)
@@ -147,6 +147,8 @@ def load_engines(args, methods, options, mesh) -> list:
     model, lanes = groups[key]
     opts = {**model.options(method), **options[method]}
     opts.setdefault("gen_length", DEFAULT_GEN_LENGTH)
+    if serves_sampling(method):  # greedy and sampled requests share the lane's one program
+      opts.setdefault("sampling", True)
     if takes_drafter(method) and "drafter_params" not in opts:
       source = args.drafter_model or "demo"
       opts.update(load_drafter(source, method, opts, dtype=args.dtype, mesh=mesh))

@@ -2,8 +2,9 @@
 
 A body is checked completely before anything reaches the engine: its fields (an unknown one is
 refused), the lane (`model`, or a `method` extra; unknown -> 404), the sampling fields and the
-method's own per-request options (sent by the openai client as `extra_body`, i.e. top-level
-keys: `threshold`, `tau_conf`, ...; finite numbers the method's decoder accepts), `n`,
+options the lane's rows carry per row (`per_request`: the engine's traced options, sent by the
+openai client as `extra_body`, i.e. top-level keys: `threshold`, `tau_conf`, ...; finite
+numbers the method's decoder accepts), `n`,
 `max_tokens`, `stop`, `seed`, and the prompt (encoded once: raw text with the tokenizer's
 special tokens, chat messages through the model's chat template; token ids as given), which
 must fit the prompt cap and hold no [MASK] id.
@@ -24,11 +25,11 @@ from dllm_jax import sampler as sampler_lib
 from dllm_jax.decoding import api
 from dllm_jax.serve.errors import APIError, bad_request
 
-# Options a request may set for its own rows (the traced options of the decoders: changing
-# them never recompiles). Each applies where the lane's method has it (`api.option_names`).
-PER_REQUEST = ("temperature", "top_p", "top_k", "threshold", "factor", "tau_add", "tau_act",
-               "tau_conf", "entropy_bound", "alg_temp", "cfg_scale")
-_INTS = ("top_k",)
+# OpenAI's sampling fields (and top_k, which most servers read): known to every lane. A lane
+# that carries one per row takes the request's value; for one whose method fixes it per lane
+# (e.g. selfspec's temperature) the request may send the lane's own value only.
+SAMPLING = ("temperature", "top_p", "top_k")
+_INTS = ("top_k", "trust_streak")
 # OpenAI fields accepted with their neutral value only (what the decoders do not define).
 _NEUTRAL = {"frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0.0),
             "logit_bias": (None, {}), "echo": (None, False), "suffix": (None, ""),
@@ -36,9 +37,15 @@ _NEUTRAL = {"frequency_penalty": (None, 0, 0.0), "presence_penalty": (None, 0, 0
             "parallel_tool_calls": (None,), "tools": (None, []), "tool_choice": (None, "none"),
             "response_format": (None, {"type": "text"})}
 _COMMON = {"model", "method", "stream", "stream_options", "max_tokens", "n", "stop", "seed",
-           "user", *PER_REQUEST, *_NEUTRAL}
+           "user", *SAMPLING, *_NEUTRAL}
 FIELDS = {"completions": _COMMON | {"prompt"},
           "chat": _COMMON | {"messages", "max_completion_tokens"}}
+
+
+def per_request(lanes: Mapping) -> tuple[str, ...]:
+  """The decoder options a request may set for its own rows on some lane: what the engine's
+  lanes carry per row (their traced options, `Lane.per_row`: changing them never recompiles)."""
+  return tuple(sorted({name for lane in lanes.values() for name in lane.per_row}))
 MAX_STOP = 16
 
 
@@ -75,7 +82,7 @@ class Job:
     prompts: token ids of each prompt.
     n: choices per prompt; choice i * n + j is prompt i's j-th.
     seeds: one seed per choice.
-    options: per-request decoder options (PER_REQUEST / the method's row options).
+    options: per-request decoder options (the lane's `per_row` / its decoder's row options).
     max_tokens: response tokens at most, per choice.
     stop: stop strings (the text is cut before the first).
     stream: answer with server-sent events.
@@ -147,23 +154,22 @@ def pick_lane(body: dict, lanes: Mapping, served_name: str) -> str:
                  reason="not_found")
 
 
-def _options(body: dict, lane) -> dict:
-  """The request's own decoder options, each checked by the lane's decoder alone (so a
-  mistake names its field)."""
-  names = set(api.option_names(lane.method))
+def _options(body: dict, lane, known: tuple[str, ...]) -> dict:
+  """The request's own decoder options (`known`: the sampling fields and every lane's per-row
+  options), each checked by the lane's decoder alone (so a mistake names its field)."""
   options = {}
-  for name in PER_REQUEST:
+  for name in known:
     if body.get(name) is None:
       continue
-    if name not in names:
-      raise bad_request(f"'{name}' is not an option of method {lane.method!r} (its options: "
-                        f"{sorted(names & set(PER_REQUEST))}).", name, "unsupported_option")
-    options[name] = _number(name, body[name])
-  for name, value in options.items():
-    try:
-      lane.decoder.make_options(lane.cfg, {**lane.options, name: value})
-    except ValueError as e:
-      raise bad_request(f"'{name}': {e}", name) from None
+    value = _number(name, body[name])
+    if name in lane.per_row:
+      _check_option(lane, name, value)
+      options[name] = value
+    elif name in api.option_names(lane.method):
+      _check_option(lane, name, value)  # fixed per lane: its own value passes, and is moot
+    else:
+      raise bad_request(f"'{name}' is not an option of method {lane.method!r} (its per-request "
+                        f"options: {sorted(lane.per_row)}).", name, "unsupported_option")
   for name in lane.decoder.row_options:  # e.g. adaptive's `task` tag
     if body.get(name) is not None:
       try:
@@ -172,6 +178,24 @@ def _options(body: dict, lane) -> dict:
         raise bad_request(f"'{name}': {e}", name) from None
       options[name] = body[name]
   return options
+
+
+def _check_option(lane, name: str, value) -> None:
+  """A 400 naming `name` unless the lane's decoder accepts `value` and it runs in the
+  program the lane compiled (`Lane.resolve`)."""
+  try:
+    fits = lane.lane.resolve({name: value})[1] == lane.lane.static
+  except ValueError as e:
+    raise bad_request(f"'{name}': {e}", name) from None
+  if fits:
+    return
+  if name in lane.decoder.sampling_options:  # a greedy-only lane (built sampling=False)
+    raise bad_request(f"'{name}'={value} needs the sampling program; the {lane.name!r} lane "
+                      f"serves {name}=0 only (start the server without --opt "
+                      f"{lane.name}.sampling=false).", name, "unsupported_option")
+  raise bad_request(f"'{name}' is fixed per lane for method {lane.method!r} (each value "
+                    f"compiles its own program); drop it, or start the server with --opt "
+                    f"{lane.name}.{name}={value}.", name, "unsupported_option")
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -271,14 +295,15 @@ def parse(body, *, chat: bool, lanes: Mapping, limits: Limits, served_name: str)
   if not isinstance(body, dict):
     raise bad_request("the request body must be a JSON object.", None, "invalid_json")
   fields = FIELDS["chat" if chat else "completions"]
+  known = tuple(dict.fromkeys(SAMPLING + per_request(lanes)))
   extra = set()
   for lane in lanes.values():
     extra |= set(lane.decoder.row_options)
-  unknown = sorted(set(body) - fields - extra)
+  unknown = sorted(set(body) - fields - set(known) - extra)
   if unknown:
     raise bad_request(f"unknown field {unknown[0]!r}: not an OpenAI field this server reads, "
-                      f"nor a per-request option ({', '.join(PER_REQUEST)}).", unknown[0],
-                      "unknown_field")
+                      f"nor a per-request option of its lanes ({', '.join(known)}).",
+                      unknown[0], "unknown_field")
   lane = lanes[pick_lane(body, lanes, served_name)]
   _neutral(body, lane)
   for name in set(body) & extra - set(lane.decoder.row_options):
@@ -301,7 +326,7 @@ def parse(body, *, chat: bool, lanes: Mapping, limits: Limits, served_name: str)
   max_tokens = _int(body, tokens_field, 1, top, top)
   seed = _int(body, "seed", 0, 2 ** 32 - 1, None)
   stop = _stop(body)
-  options = _options(body, lane)
+  options = _options(body, lane, known)
   field = "messages" if chat else "prompt"
   raw = [_chat_prompt(body, lane.tokenizer)] if chat else \
       _completion_prompts(body, lane.tokenizer)

@@ -16,4 +16,4 @@ from dllm_jax.serving.requests import (
     BadOptionError, CancelledError, InvalidPromptError, MaskInPromptError, NonFiniteRowError,
     PromptTooLongError, QueueFullError, Request, RequestError, Result, StreamUpdate,
     UnknownMethodError)
-from dllm_jax.serving.rows import RowDecoder, register, request_keys, served_methods
+from dllm_jax.serving.rows import RowDecoder, request_keys, served_methods, serves_sampling

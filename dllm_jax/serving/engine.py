@@ -67,9 +67,6 @@ from dllm_jax.parallel import sharding
 from dllm_jax.serving import lanes as lanes_lib
 from dllm_jax.serving import metrics as metrics_lib
 from dllm_jax.serving import rows
-from dllm_jax.serving import adaptive_rows  # noqa: F401  (registers "adaptive")
-from dllm_jax.serving import selfspec_rows  # noqa: F401  (registers "selfspec")
-from dllm_jax.serving import speculative_rows  # noqa: F401  (registers "speculative")
 from dllm_jax.serving.requests import (
     BadOptionError, InvalidPromptError, MaskInPromptError, PromptTooLongError, QueueFullError,
     Request, RequestError, Result, UnknownMethodError, check_seed, check_stop_ids)
@@ -101,11 +98,11 @@ class Engine:
     cfg: the model config.
     methods: a method name, or {method: options} for several lanes (each with `slots`
       slots); default `registry.DEFAULT_METHOD`. Served: `rows.served_methods()`, every
-      registered method with a row adapter (`rows.register`).
+      registered method (one generic adapter, `rows.RowDecoder`).
     options: the options of a single `methods` name (e.g. gen_length, block_length, tau_*).
       Speculative's and adaptive's drafter is a lane option: `drafter_params`,
       `drafter_cfg` (with drafter, draft_length, ...) go here, once; requests may not name
-      them (`speculative_rows`, `adaptive_rows`). Adaptive's `task_modes` and thresholds
+      them (the decoder's `lane_options`). Adaptive's `task_modes` and thresholds
       are the lane's too; a request may name its own `task` tag (a row option).
     slots: B, rows decoded together per lane.
     max_prompt_len: longest prompt accepted (the largest prompt bucket).

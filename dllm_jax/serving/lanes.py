@@ -4,7 +4,8 @@ and batched device state, and the two jitted programs that move it (`engine.py` 
 A lane's options split like a decode's (`RowDecoder.split`): the static part is the lane's,
 fixed when it is built (a request whose static options differ is refused); the traced part
 (temperature, top_k, top_p, thresholds, ...) is per row, each row holding its request's
-values (`Lane.resolve`), so requests with different values share one batch and one program.
+values (`Lane.resolve`; `Lane.per_row` names them), so requests with different values share
+one batch and one program.
 Temperature 0 is a program of its own (`base.ZERO_IS_STATIC`): a lane built with
 `sampling=True` (the default when its own temperature is > 0) compiles the sampling program
 and serves greedy rows in it (a row at temperature 0 takes the argmax, exactly as the greedy
@@ -64,6 +65,12 @@ def _constrain(decoder, state, mesh, rules):
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
   return jax.tree_util.tree_map(pin, decoder.row_axes(state), state,
                                 is_leaf=lambda x: x is None)
+
+
+def _device_of(params):
+  """The device off-mesh params live on (the default device for host arrays)."""
+  arrays = [x for x in jax.tree_util.tree_leaves(params) if isinstance(x, jax.Array)]
+  return next(iter(arrays[0].devices())) if arrays else jax.devices()[0]
 
 
 def mesh_context(mesh, rules):
@@ -171,6 +178,7 @@ class Lane:
     self.options = dict(options)
     self.sampling = self._sampling(self.options.pop("sampling", None))
     self.opts, self.static, self.traced = self.resolve({})
+    self.per_row = self.decoder.traced_names(self.traced)  # options each row holds its own of
     self.gen_length = self.decoder.gen_length(self.static)
     self.decoder.check_window(cfg, self.static, self.prompt_buckets[-1])
     self.mask_id = self.decoder.mask_id(cfg, self.static)
@@ -223,11 +231,14 @@ class Lane:
                                   rows.request_keys(np.zeros(b, np.uint32)),
                                   **_row_inputs(self.decoder, jnp.zeros((b,), jnp.int32))))
     state = rows.empty_like(shapes, self.decoder, self.traced)
-    if self.mesh is not None:
-      with self.context():
-        state = jax.jit(functools.partial(_constrain, self.decoder, mesh=self.mesh,
-                                          rules=self.rules))(state)
-    return state
+    # Committed, like every state `_admit` and `_run` return: a jitted call's cache key holds
+    # its arguments' committedness, so an uncommitted empty state would compile `_admit`
+    # once more, when it first meets a state a run returned.
+    if self.mesh is None:
+      return jax.device_put(state, _device_of(self.params))
+    with self.context():
+      return jax.jit(functools.partial(_constrain, self.decoder, mesh=self.mesh,
+                                       rules=self.rules))(state)
 
   def admit_batch(self, requests: Sequence[Request], slots: Sequence[int]) -> None:
     a = next(s for s in self.admit_sizes if s >= len(requests))
