@@ -385,9 +385,8 @@ class D2FDecoder(protocol.Decoder):
   @classmethod
   def per_row_options(cls, traced) -> tuple[str, ...]:
     # The traced `Thresholds` hold tau_add / tau_act as counts: name the options they hold.
-    names = set(cls.option_names())
     return tuple(n for n in ("temperature", "tau_add", "tau_act", "tau_conf", "entropy_bound")
-                 if n in names)
+                 if n in cls.option_names())
 
   @classmethod
   def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:

@@ -194,10 +194,9 @@ class Decoder:
 
   @classmethod
   def per_row_options(cls, traced) -> tuple[str, ...]:
-    """The options a lane's traced part carries one value per row of (what a request may set
-    for its own row without recompiling): the traced dict's keys that are option names."""
-    names = set(cls.option_names())
-    return tuple(k for k in traced if k in names) if isinstance(traced, dict) else ()
+    """The options a lane's traced part holds per row (a request may set them): default,
+    the traced dict's keys that are option names."""
+    return tuple(k for k in traced if k in cls.option_names()) if isinstance(traced, dict) else ()
 
   @classmethod
   def lane_plan(cls, cfg: ModelConfig, options: dict) -> Plan:

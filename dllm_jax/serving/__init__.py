@@ -4,10 +4,9 @@
   rid = engine.submit([1, 5, 6], seed=3)
   results = engine.run_until_idle()     # StreamUpdate and Result events
 
-See `engine.py` (the loop), `lanes.py` (one method's slots, queue and device programs),
-`rows.py` (per-row decoders: how a method's rows are inserted and stepped; the extension
-point for new methods), `requests.py` (requests, results, named errors) and `metrics.py`
-(throughput, TTFT, latency percentiles, NFE, slot occupancy).
+`engine.py` is the loop, `lanes.py` one method's slots, queue and device programs, `rows.py`
+the lane's view of any registered decoder (`decoding.protocol`), `requests.py` requests,
+results and named errors, `metrics.py` throughput, TTFT, latency, NFE and occupancy.
 """
 
 from dllm_jax.serving.engine import Engine

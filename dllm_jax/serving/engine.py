@@ -218,15 +218,12 @@ class Engine:
     lane = self.lanes[method]
     options = dict(options or {})
     row = {k: options.pop(k) for k in lane.decoder.row_options if k in options}
-    fixed = sorted(set(options) & set(lane.decoder.lane_options))
-    if fixed:
+    fixed = sorted(set(options) & {*lane.decoder.lane_options, "sampling"})
+    if fixed:  # sampling picks the lane's compiled program
       raise BadOptionError(
           f"request {rid}: {fixed} are set once per lane, when the engine is built (its "
           f"{method!r} lane has its own); drop them from the request, or start an engine "
           "with these in the lane's options.")
-    if "sampling" in options:
-      raise BadOptionError(f"request {rid}: sampling is set once per lane, when the engine is "
-                           "built (it picks the compiled program); drop it from the request.")
     try:
       api.check_options(method, options)
       _, static, traced = lane.resolve(options)
@@ -409,11 +406,7 @@ def _static_message(lane, options: dict) -> str:
 
 def _method_message(method: str, lanes=None) -> str:
   served = rows.served_methods() if lanes is None else sorted(lanes)
-  known = method in registry.names()
-  if known and rows.for_method(method) is None:
-    return (f"method {method!r} cannot be served by the engine: its decoder has no row "
-            f"adapter (register one with serving.rows.register). Served: {served}.")
-  if lanes is not None and known:
+  if lanes is not None and method in registry.names():
     return (f"this engine serves {served}, not {method!r}; start the engine with "
             f"methods={{{method!r}: options, ...}}.")
   return f"unknown decoding method {method!r}; served: {served}."

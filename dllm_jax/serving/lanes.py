@@ -67,12 +67,6 @@ def _constrain(decoder, state, mesh, rules):
                                 is_leaf=lambda x: x is None)
 
 
-def _device_of(params):
-  """The device off-mesh params live on (the default device for host arrays)."""
-  arrays = [x for x in jax.tree_util.tree_leaves(params) if isinstance(x, jax.Array)]
-  return next(iter(arrays[0].devices())) if arrays else jax.devices()[0]
-
-
 def mesh_context(mesh, rules):
   """The mesh and logical-axis-rules context device calls run under (none off-mesh)."""
   if mesh is None:
@@ -231,11 +225,12 @@ class Lane:
                                   rows.request_keys(np.zeros(b, np.uint32)),
                                   **_row_inputs(self.decoder, jnp.zeros((b,), jnp.int32))))
     state = rows.empty_like(shapes, self.decoder, self.traced)
-    # Committed, like every state `_admit` and `_run` return: a jitted call's cache key holds
-    # its arguments' committedness, so an uncommitted empty state would compile `_admit`
-    # once more, when it first meets a state a run returned.
+    # Committed (to the params' device) like every state `_admit` and `_run` return: a jit
+    # cache key holds its arguments' committedness, so an uncommitted empty state would
+    # compile `_admit` once more, when it first meets a state a run returned.
     if self.mesh is None:
-      return jax.device_put(state, _device_of(self.params))
+      arrays = [x for x in jax.tree.leaves(self.params) if isinstance(x, jax.Array)]
+      return jax.device_put(state, arrays[0].sharding if arrays else jax.devices()[0])
     with self.context():
       return jax.jit(functools.partial(_constrain, self.decoder, mesh=self.mesh,
                                        rules=self.rules))(state)

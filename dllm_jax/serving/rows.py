@@ -158,9 +158,8 @@ def for_method(method: str) -> RowDecoder:
 
 
 def serves_sampling(method: str) -> bool:
-  """Whether a lane of `method` may be built `sampling=True`: it serves greedy and sampled
-  rows, each at its own temperature, in one program (selfspec's and adaptive's sampling is
-  static)."""
+  """Whether a lane of `method` may be built `sampling=True` (greedy and sampled rows in one
+  program; selfspec's and adaptive's sampling is static)."""
   return bool(for_method(method).sampling_options)
 
 
