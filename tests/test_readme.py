@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 
 import tiny_llada
-from conftest import xla_flags
+from conftest import run_python, xla_flags
 from _jax_cache_env import compilation_cache_env
 from dllm_jax.training import checkpoint as ckpt_lib
 
@@ -411,11 +411,6 @@ class ReadmeServer:
         self.proc.wait()
 
 
-def readme_serve_command() -> str:
-  (command,) = [c for _, c in _shell_cases() if c.startswith("python -m dllm_jax.serve ")]
-  return command
-
-
 def serve_cli(command: str, ws: Workspace) -> None:
   """Started in the background (the README runs it in its own shell) for the requests after
   it; the test stops it at the end."""
@@ -526,15 +521,9 @@ def test_python_block_runs(index, tmp_path, run_devices, demo_cache, monkeypatch
     monkeypatch.setenv(name, value)
   block = [b for b in fenced_blocks(readme()) if b.lang == "python"][index]
   code = Workspace(tmp_path).substitute(block.text)
-  if f"127.0.0.1:{README_PORT}" not in code:
-    run_devices(code, devices=8)
-    return
-  server = ReadmeServer(readme_serve_command())  # a client example: against the README's server
-  try:
-    out = run_devices(server.substitute(code), devices=1)
-  finally:
-    server.close()
-  assert out.strip(), "the client example printed nothing"
+  if f"127.0.0.1:{README_PORT}" in code:
+    return  # a client of the README's server: test_readme_commands_run runs it against it
+  run_devices(code, devices=8)
 
 
 def _shell_cases():
@@ -566,6 +555,12 @@ def test_readme_commands_run(tmp_path, demo_cache):
         rule.run(ws.substitute(filled), ws)
       except AssertionError as e:
         raise AssertionError(f"README ({where}) `{command}`, covered by: {rule.why}\n{e}") from None
+    clients = [b for b in fenced_blocks(readme())
+               if b.lang == "python" and f"127.0.0.1:{README_PORT}" in b.text]
+    for block in clients:  # the python client examples, against the README's server
+      assert ws.server is not None, f"README line {block.line}: a client with no server"
+      out = run_python(ws.server.substitute(ws.substitute(block.text)), devices=1)
+      assert out.strip(), f"README line {block.line}: the client example printed nothing"
   finally:
     if getattr(ws, "server", None) is not None:
       ws.server.close()
