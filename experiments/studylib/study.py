@@ -3,8 +3,10 @@ same held-out prompts, with accuracy, tokens/s, latency and NFE measured in one 
 
     result = run(get_config(), "runs/study")   # trains or loads, decodes, writes the report
 
-Outputs in `workdir`: `study.md` (table), `study.json` (every figure + machine + config),
-`study_pareto.png` (accuracy against tokens/s); the run's wall time sits beside its process
+Outputs in `workdir`: `study.md` (table), `study.json` (every figure + machine + config, each
+cell's per-prompt results, and `intervals`: paired bootstrap 95% intervals over prompts of
+every cell's accuracy difference and tokens/s ratio against AR, intervals.py),
+`study_pareto.png` (accuracy against tokens/s, with each cell's interval bars); the run's wall time sits beside its process
 CPU time and the host's steal (`study.json["host"]`, hostclock.py), since on a shared VM the
 wall time also measures the neighbours. The verdict on every published claim (D2F
 against AR and vanilla LLaDA, Fast-dLLM, the lossless hybrid, adaptive switching) is computed
@@ -37,6 +39,7 @@ from dllm_jax.training import data as data_lib
 from studylib import accounting, models as models_lib, report, roofline, runner
 from studylib import calibration as calibration_lib
 from studylib import hostclock
+from studylib import intervals as intervals_lib
 from studylib import journal as journal_lib
 # Re-exported: the command line's mode flags (JAX-free, so the script parses them first).
 from studylib.modes import MODE_FLAGS, default_workdir, expand_mode_flags  # noqa: F401
@@ -298,7 +301,8 @@ def run(study_config, workdir, *, log=print) -> dict:
   bound = ar_roofline(results, trained, bandwidth=bandwidth)
   doc = accounting.results_json(
       results, machine=machine, config=json.loads(study_config.to_json()),
-      extra={"verdict": v, "roofline": bound, "gen_length": gen_length, "prompt_len": layout.prompt_len,
+      extra={"verdict": v, "intervals": intervals_lib.table(results, "ar"), "roofline": bound,
+             "gen_length": gen_length, "prompt_len": layout.prompt_len,
              "num_prompts": len(examples), "train_or_load_s": decoded.train_s,
              "training": training, "calibration": calibration,
              "decode_restored_rounds": _restored_json(decoded), **_clock_figures(clock)})
@@ -340,6 +344,7 @@ def run_tradeoff(study_config, workdir, *, log=print) -> dict:
   doc = accounting.results_json(
       results, machine=machine, config=config,
       extra={"training": training, "tradeoff": summary, "verdict": v,
+             "intervals": intervals_lib.table(results, "ar"),
              "gen_length": layout.seq_len - layout.prompt_len,
              "prompt_len": layout.prompt_len, "num_prompts": len(examples),
              "train_or_load_s": decoded.train_s,
