@@ -157,7 +157,8 @@ DEFAULT_CELLS = ("ar", "llada steps=G", "llada steps=G/2", "fast-dllm tau=0.9 du
                  "d2f on mdm (no distill) k=8", "block diffusion k=16", "d2f k=8 tau=0.9",
                  "d2f k=16 tau=0.9", "d2f k=16 tau=0.7 tuned", "d2f k=16 tau=0.5 tuned",
                  "speculative d2f k=8", "speculative d2f k=16", "adaptive k=16",
-                 "adaptive k=16 task tags", "ar (selfspec model)", "selfspec k=4")
+                 "adaptive k=16 prompt router", "adaptive k=16 task tags (oracle upper bound)",
+                 "ar (selfspec model)", "selfspec k=4")
 
 
 def _load(name):
@@ -167,11 +168,13 @@ def _load(name):
   return config_dict.ConfigDict(module.get_config().to_dict())  # an unlocked copy
 
 
-def _adaptive(tasks: str, k: int, tags: bool):
+def _adaptive(tasks: str, k: int, tags: bool = False, router: bool = False):
   """An adaptive cell: the AR model as target, the D2F student as drafter, the rule's
-  thresholds from configs/adaptive.py; with `tags`, each row's task name is its tag and the
-  tag -> mode map is fitted by the study on the calibration split (`calibrate`:
-  experiments/studylib/calibration.py), never on the evaluation prompts."""
+  thresholds from configs/adaptive.py. With `router`, each row's tag is its prompt's format
+  (the prompt text alone: experiments/studylib/router.py) and the format -> mode map is fitted
+  by the study on the calibration split (`calibrate`: experiments/studylib/calibration.py),
+  never on the evaluation prompts. With `tags`, each row's tag is the generator's task name,
+  which no user has: the oracle's upper bound, fitted alike."""
   rule = _load("adaptive").decode
   options = {"draft_length": k, "draft_steps": rule.draft_steps,
              "parallel_confidence": rule.parallel_confidence,
@@ -180,7 +183,10 @@ def _adaptive(tasks: str, k: int, tags: bool):
   cell = {"method": "adaptive", "label": f"adaptive k={k}", "model": "ar", "drafter": "d2f",
           "options": options}
   if tags:
-    cell.update(label=f"adaptive k={k} task tags", task_tags=True, calibrate=True)
+    cell.update(label=f"adaptive k={k} task tags (oracle upper bound)", task_tags=True,
+                calibrate=True)
+  if router:
+    cell.update(label=f"adaptive k={k} prompt router", router="prompt_format", calibrate=True)
   return cell
 
 
@@ -214,7 +220,8 @@ def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
               "drafter": "d2f", "options": {"drafter": "d2f", "draft_length": k}}
              for k in blocks]
   hybrids += [_adaptive(tasks, k, tags=False) for k in blocks]
-  if len({part.split(":")[0] for part in tasks.split(",")}) > 1:  # mixed: task-tagged switch
+  if len({part.split(":")[0] for part in tasks.split(",")}) > 1:  # mixed: routed switching
+    hybrids += [_adaptive(tasks, k, router=True) for k in blocks]
     hybrids += [_adaptive(tasks, k, tags=True) for k in blocks]
   cells = [
       {"method": "ar", "label": "ar", "model": "ar", "options": {}},

@@ -192,8 +192,9 @@ def test_default_study_mode_mixes_safe_short_and_failing_tasks():
 
 def test_long_study_mode_decodes_answers_of_at_least_128_tokens_at_equal_g():
   """`--long`: every answer is >= 128 tokens (the regime of the published 50x), G covers the
-  longest, vanilla LLaDA is at its standard setting (one block over G, steps = G, no early
-  stop, low-confidence remasking) and D2F, Fast-dLLM and both hybrids decode the same G."""
+  longest, vanilla LLaDA is at its published setting (semi-autoregressive blocks of 32, steps
+  = G, no early stop, low-confidence remasking) and D2F, Fast-dLLM and both hybrids decode the
+  same G."""
   from dllm_jax.data.tasks import TASK_ALPHABET, TaskSuite, examples
   from dllm_jax.data.tokenizers import CharTokenizer
   module = load_module(STUDY_CONFIG)
@@ -211,7 +212,7 @@ def test_long_study_mode_decodes_answers_of_at_least_128_tokens_at_equal_g():
   vanilla = cells[study.eval.llada_vanilla_label]
   assert vanilla["method"] == "llada"
   assert study_lib.resolve_options(dict(vanilla["options"]), g) == {
-      "gen_length": g, "block_length": g, "early_stop": False}
+      "gen_length": g, "block_length": 32, "early_stop": False}
   assert {c["method"] for c in cells.values()} >= {"ar", "llada", "fast_dllm", "d2f",
                                                     "speculative", "adaptive"}
   for name in ("ar", "mdm", "d2f"):

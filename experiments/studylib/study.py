@@ -40,6 +40,7 @@ from studylib import accounting, models as models_lib, report, roofline, runner
 from studylib import calibration as calibration_lib
 from studylib import hostclock
 from studylib import intervals as intervals_lib
+from studylib import router as router_lib
 from studylib import journal as journal_lib
 # Re-exported: the command line's mode flags (JAX-free, so the script parses them first).
 from studylib.modes import MODE_FLAGS, default_workdir, expand_mode_flags  # noqa: F401
@@ -99,6 +100,11 @@ def bind_cell(cell: dict, trained: dict, gen_length: int):
                      f"only, not {method!r}.")
   if cell.get("task_tags"):
     setting["task_tags"] = True
+  if cell.get("router"):
+    if method not in TASK_TAGGED or cell.get("task_tags"):
+      raise ValueError(f"cell {cell['label']!r}: a router tags the rows of an "
+                       f"{list(TASK_TAGGED)} cell in place of task tags, not beside them.")
+    setting["router"] = cell["router"]
   if cell.get("calibrate"):
     setting["calibrated"] = True
   for key in ("curve", "knob"):  # the trade-off mode's curve and swept option
@@ -187,8 +193,9 @@ def check_config(study_config) -> None:
 
 def runner_cell(cell: dict, trained: dict, gen_length: int, batch_size: int) -> runner.Cell:
   decode, params, setting = bind_cell(cell, trained, gen_length)
+  tag_of = router_lib.Router(dict(cell["route"])).tag if cell.get("route") else None
   return runner.Cell(decode, params, cell["method"], cell["label"], setting, batch_size,
-                     task_tags=bool(cell.get("task_tags")))
+                     task_tags=bool(cell.get("task_tags")), tag_of=tag_of)
 
 
 class Decoded(NamedTuple):

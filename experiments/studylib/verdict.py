@@ -75,8 +75,9 @@ configured, or null), platform, batch_size: 1, claims: [
    (adaptive: {best_d2f_label, best_d2f_accuracy_delta_points}, else null), projection
    ({label, speedup_at_equal_forward_cost, nfe_ratio, forward_cost_ratio,
    one_forward_ceiling, pipeline_ceiling, pipeline_block_length, reaches_threshold,
-   baseline, gen_length} or null), status, reason, deciding_factor {name, value} or null}]}.
-   Every judged cell also carries speedup_ci95 and accuracy_delta_ci95 ([lo, hi], paired
+   baseline, gen_length} or null), status, reason, deciding_factor {name, value} or null
+   [, oracle: the method's cells given the generator's task names (setting task_tags), with
+   compare's figures: shown as an upper bound, never judged]}]}. Every judged cell also carries speedup_ci95 and accuracy_delta_ci95 ([lo, hi], paired
    bootstrap 95% intervals over prompts; null where the cells stored no per-prompt results).
    Ratios that cannot be formed are null.
 
@@ -461,9 +462,11 @@ def _pipeline_ceiling(rows: Sequence[dict]) -> dict | None:
 
 def _judged(claim: Claim, r: MethodResult, accelerated_ar_label: str | None) -> bool:
   """Whether cell `r` is one of the claim's: its method, not the accelerated AR baseline,
-  not a drafter the claim excludes."""
+  not a drafter the claim excludes, and no oracle (a cell given the generator's task names,
+  `setting["task_tags"]`, which no user has: its figures are an upper bound, `oracle`)."""
   return (r.method == claim.method and r.label != accelerated_ar_label
-          and r.setting.get("drafter") not in claim.exclude_drafters)
+          and r.setting.get("drafter") not in claim.exclude_drafters
+          and not r.setting.get("task_tags"))
 
 
 def judge(results: Sequence[MethodResult], *, task: str, llada_label: str,
@@ -483,9 +486,16 @@ def judge(results: Sequence[MethodResult], *, task: str, llada_label: str,
   for claim in claims:
     base_label = labels[claim.baseline]
     cells = [r for r in at1 if _judged(claim, r, accelerated_ar_label)]
-    out.append(_judge_claim(claim, cells, by_label.get(base_label), base_label, d2f,
-                            task=task, platform=platform,
-                            accelerated=accelerated if claim.baseline == "ar" else None))
+    entry = _judge_claim(claim, cells, by_label.get(base_label), base_label, d2f,
+                         task=task, platform=platform,
+                         accelerated=accelerated if claim.baseline == "ar" else None)
+    oracle = [r for r in at1 if r.method == claim.method and r.setting.get("task_tags")]
+    if oracle and by_label.get(base_label) is not None:  # shown, never judged
+      entry["oracle"] = [compare(r, by_label[base_label],
+                                 task if claim.accuracy_on == "task" else None,
+                                 task if (claim.speed_on or claim.accuracy_on) == "task"
+                                 else None) for r in oracle]
+    out.append(entry)
   return {"task": task, "ar": ar_label, "llada_vanilla": llada_label,
           "accelerated_ar": accelerated_ar_label, "platform": platform, "batch_size": 1,
           "claims": out}
@@ -588,4 +598,7 @@ def verdict_text(v: dict) -> str:
       shown.add(key)
       lines.append(f"    every {c['method']} cell against {c['baseline']}:")
       lines += [_cell_line(x, c["baseline"]) for x in c["cells"]]
+    if c.get("oracle"):
+      lines.append("    oracle upper bound (the generator's task names as tags; not judged):")
+      lines += [_cell_line(x, c["baseline"]) for x in c["oracle"]]
   return "\n".join(lines)
