@@ -7,6 +7,7 @@ held-out prompts with every decoder, and write a table, a JSON file and a Pareto
   python experiments/study.py --full          # the larger accelerator mode
   python experiments/study.py --tradeoff      # trade-off curves from the short mode's models
   python experiments/study.py --long --config.eval.num_prompts=64
+  python experiments/study.py --seeds 3       # every claim at training seeds 0, 1, 2 and pooled
   python experiments/study.py --config.mdm_from_ar=False --workdir=runs/scratch  # MDM from scratch
 
 `--short`, `--long`, `--full` and `--tradeoff` stand for `--config configs/study.py:short`,
@@ -35,18 +36,26 @@ except ValueError as e:
 _CONFIG = _config_args.define("configs/study.py", "Study config file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where models and reports go (default: "
                                "runs/study, or runs/study_<mode> for the other modes).")
+_SEEDS = flags.DEFINE_integer("seeds", 1, "Training seeds: N > 1 trains and evaluates every "
+                              "model at seeds 0..N-1 and reports each claim per seed and "
+                              "pooled (studylib/seeds.py).")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _SEEDS.value < 1:
+    raise app.UsageError(f"--seeds must be >= 1 (training seeds 0..N-1), got {_SEEDS.value}.")
   # pylint: disable=import-outside-toplevel  (JAX loads after the flags: _config_args)
-  from studylib import compile_cache, study
+  from studylib import compile_cache, seeds, study
   from dllm_jax.training.checkpoint import CheckpointError
   workdir = _WORKDIR.value or modes.default_workdir(_CONFIG.value)
   compile_cache.enable(workdir)  # before the first compile: JAX fixes the directory then
   try:
-    study.run(_CONFIG.value, workdir)
+    if _SEEDS.value != 1:
+      seeds.run(_CONFIG.value, workdir, _SEEDS.value, study.run)
+    else:
+      study.run(_CONFIG.value, workdir)
   except (CheckpointError, study.StudyConfigError) as e:  # what is wrong, and the fix
     sys.exit(f"experiments/study.py: {e}")
 
