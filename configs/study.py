@@ -4,7 +4,7 @@
   python experiments/study.py --short   # short answers only                (runs/study_short)
   python experiments/study.py --long    # answers of 159-163 tokens, ~1 h      (runs/study_long)
   python experiments/study.py --full    # larger, for an accelerator          (runs/study_full)
-  python experiments/study.py --tradeoff  # trade-off curves, from the short mode's models
+  python experiments/study.py --tradeoff  # trade-off curves, from the default mode's models
 
 `--short` / `--long` / `--full` / `--tradeoff` stand for `--config configs/study.py:short`
 (`:long`, `:full`, `:tradeoff`).
@@ -57,9 +57,10 @@ Modes:
   full   for an accelerator: a wider, deeper model (d 512, 8 layers, 34M parameters), 10x
          the steps, on long addition worked column by column at 3, 4 and 6 digits (answers
          of up to 61 characters, G = 64); the D2F student is distilled at block 16.
-  tradeoff  the survey's three trade-offs as curves, on the short mode's data and its
-         trained AR, MDM and D2F models (same workdir, runs/study_short: they are loaded,
-         not retrained), plus three models of its own (TRADEOFF below):
+  tradeoff  the survey's three trade-offs as curves, on the default mode's data (worked
+         additions long enough for the step count to matter: G = 32) and its trained AR, MDM,
+         D2F and narrow AR drafter (same workdir, runs/study: they are loaded, not
+         retrained), plus three models of its own (TRADEOFF below):
            * steps x unmasking schedule: LLaDA (one block over G) and block diffusion (the
              D2F student at its training block k) at k, k/2, k/4, k/8, k/16 steps per block
              (those >= 1) under the even (LLaDA) and cosine (MaskGIT) schedules, and under the
@@ -287,11 +288,13 @@ WITH_SELFSPEC = ("",)
 SELFSPEC_K = 4
 BD_DRAFTER_KS = (8,)  # its speculative cells' draft lengths
 
+# The default mode's models the trade-off grid does not decode (not loaded there).
+TRADEOFF_UNUSED = ("bd_draft", "selfspec")
 TRADEOFF = {
     "draft_lengths": (2, ACCELERATED_AR_K),
     # MDMs trained with each alpha(t), same data, steps, seed and start (the default MDM's:
-    # the AR model, when mdm_from_ar): 500 steps each (not the default MDM's 1000, so that
-    # the three fit the mode's 20-minute budget).
+    # the AR model, when mdm_from_ar): 500 steps each (not the default MDM's 1500, so that
+    # the three fit the mode's budget).
     "train_schedules": ("linear", "cosine", "polynomial"),
     "train_schedule_steps": 500,
     "steps_divisors": (1, 2, 4, 8, 16),              # steps per block k / d
@@ -394,9 +397,14 @@ def get_config(mode: str = ""):
 
 
 def _tradeoff_config():
-  """The default mode's config (same data, same AR / MDM / D2F models, so that the default
-  mode's cached models are loaded) with the trade-off models and grid."""
-  c = config_dict.ConfigDict(get_config("short").to_dict())  # an unlocked copy
+  """The default mode's config (same data, same AR / MDM / D2F models and narrow AR drafter,
+  so that the default mode's cached models are loaded) with the trade-off models and grid.
+  The default mode's answers (31-character worked additions at G = 32) are long enough for
+  the step count to matter; the short mode's 2.5-token answers were not (every cell scored
+  alike)."""
+  c = config_dict.ConfigDict(get_config("").to_dict())  # an unlocked copy
+  for name in TRADEOFF_UNUSED:
+    del c.models[name]
   t = TRADEOFF
   c.mode = "tradeoff"
   for schedule in t["train_schedules"]:

@@ -5,14 +5,14 @@ held-out prompts with every decoder, and write a table, a JSON file and a Pareto
   python experiments/study.py --short         # short answers only (configs/study.py:short)
   python experiments/study.py --long          # answers of >= 128 tokens (configs/study.py:long)
   python experiments/study.py --full          # the larger accelerator mode
-  python experiments/study.py --tradeoff      # trade-off curves from the short mode's models
+  python experiments/study.py --tradeoff      # trade-off curves from the default mode's models
   python experiments/study.py --long --config.eval.num_prompts=64
   python experiments/study.py --seeds 3       # every claim at training seeds 0, 1, 2 and pooled
   python experiments/study.py --config.mdm_from_ar=False --workdir=runs/scratch  # MDM from scratch
 
 `--short`, `--long`, `--full` and `--tradeoff` stand for `--config configs/study.py:short`,
 `:long`, `:full` and `:tradeoff`. The workdir defaults to runs/study (the default mode) or
-runs/study_<mode> (the trade-off mode shares runs/study_short: it loads the short mode's
+runs/study_<mode> (the trade-off mode shares runs/study: it loads the default mode's
 models); rerunning reuses the trained models cached there (as orbax checkpoints) and the TFDS
 data files under <workdir>/data. The printed and stored verdict (experiments/studylib/verdict.py)
 names every claim. Compiled programs are cached under <workdir>/xla_cache
