@@ -51,12 +51,12 @@ def test_every_claim_is_named_with_its_figure_and_split():
   c = claims(scenario())
   assert list(c) == [x.id for x in verdict.CLAIMS] == [
       "d2f_vs_ar", "d2f_vs_llada_10x", "d2f_vs_llada_50x", "fast_dllm_vs_llada",
-      "lossless_hybrid", "adaptive_switching"]
+      "lossless_hybrid", "self_speculation", "adaptive_switching"]
   assert {k: x["status"] for k, x in c.items()} == {
       "d2f_vs_ar": "met", "d2f_vs_llada_10x": "met",
       "d2f_vs_llada_50x": "not met",  # 32 LLaDA forwards: even one forward gives 32x
       "fast_dllm_vs_llada": "not met", "lossless_hybrid": "met",
-      "adaptive_switching": "not measured"}
+      "self_speculation": "not measured", "adaptive_switching": "not measured"}
   ar = c["d2f_vs_ar"]
   assert [x["label"] for x in ar["cells"]] == ["d2f good", "d2f fast"]  # batch 1 only
   fig = ar["figure"]
@@ -247,6 +247,28 @@ def test_adaptive_switching_flips_on_accuracy_and_speed_and_names_its_premise():
   c = mixed(d2f_correct=85)  # D2F alone loses exactly 5: the premise fails, and says so
   assert c["status"] == "met"
   assert "D2F alone loses 5.0 points at best (d2f), not > 5" in c["reason"]
+
+
+def test_self_speculation_is_judged_against_its_own_ar_decode():
+  """Exact against the same network's AR decode, >= 2 tokens per forward (one forward a
+  round: loop steps), faster than that decode; the study's AR is not its baseline."""
+  def rows(**spec):
+    own = cell(verdict.SELFSPEC_AR_LABEL, "ar", 88, 3000, 3100, 10.0)
+    fields = {"num_correct": 88, "per_task": {TASK: [88, N]}, **spec}
+    return scenario() + [own, dataclasses.replace(
+        cell("selfspec k=4", "selfspec", 88, 3000, 1000, 5.0, loop_steps=1000,
+             setting={"draft_length": 4}), **fields)]
+  c = claims(rows())["self_speculation"]
+  assert c["status"] == "met" and c["baseline"] == verdict.SELFSPEC_AR_LABEL
+  assert c["figure"]["tokens_per_verifier_forward"] == 3.0
+  assert c["figure"]["speedup"] == pytest.approx(2.0)
+  c = claims(rows(num_correct=87, per_task={TASK: [87, N]}))["self_speculation"]
+  assert c["status"] == "not met"  # not its AR decode's answers
+  c = claims(rows(loop_steps=1600, nfe=1600))["self_speculation"]
+  assert c["status"] == "not met" and c["deciding_factor"]["name"] == "tokens_per_verifier_forward"
+  c = claims(rows(wall_s=10.0))["self_speculation"]
+  assert c["status"] == "not met" and c["deciding_factor"]["name"] == "speedup"
+  assert claims(scenario())["self_speculation"]["status"] == "not measured"
 
 
 def test_absent_cells_are_not_measured_never_a_crash():

@@ -5,7 +5,8 @@
     assert recompute(json.loads(open("runs/study/study.json").read())) == v
 
 Every claim in CLAIMS is judged on the batch-1 cells of its method against one baseline cell
-(AR, or vanilla LLaDA: steps = G, low-confidence remasking), and nothing is filtered away:
+(AR; vanilla LLaDA: steps = G over blocks of 32, low-confidence remasking; or, for
+self-speculation, the same network's own AR decode), and nothing is filtered away:
 every judged cell is stored with its figures. A claim judged on the headline task takes its
 accuracy AND its speed from that task's prompts (each batch-1 prompt is timed on its own, so
 `per_task_time` holds every task's own tokens, time, forwards and loop steps); a claim on the
@@ -117,7 +118,7 @@ class Claim:
   id: str
   text: str
   method: str
-  baseline: str  # "ar" or "llada"
+  baseline: str  # "ar", "llada" or "selfspec_ar" (the self-speculative model's AR decode)
   speedup: float
   tolerance_points: float
   published: str
@@ -161,6 +162,12 @@ CLAIMS = (
           "batch 1)", accuracy_on="all", speed_on="task", exact=True,
           tokens_per_verifier_forward=5.0,
           exclude_drafters=("ar",)),
+    Claim("self_speculation", "Self-speculation (one network drafts in every forward and "
+          "verifies the last draft in the same forward): its own AR decode's answers exactly, "
+          ">= 2 response tokens per forward, faster than that AR decode", "selfspec",
+          "selfspec_ar", 1.0, 0.0, "TiDAR: 4.71x (1.5B) and 5.91x (8B) tokens/s over AR, one "
+          "H100, batch 1", accuracy_on="all", speed_on="task", exact=True,
+          strict_speedup=True, tokens_per_verifier_forward=2.0),
     Claim("adaptive_switching", "Adaptive switching: within 1 point of AR accuracy on the "
           "mixed suite, where D2F alone loses > 5 points, and faster than AR", "adaptive", "ar",
           1.0, 1.0, "the hybrid issue's bar (no published anchor)", accuracy_on="all",
@@ -258,7 +265,7 @@ def compare(r: MethodResult, base: MethodResult, task: str | None,
     out["pipeline_ceiling"] = _ratio(
         None if sb.nfe_per_prompt is None else k * sb.nfe_per_prompt,
         _ratio(sb.tokens, sb.prompts))
-  if r.method == "speculative":  # one AR-verifier forward per round (DecodeOutput.steps)
+  if r.method in ("speculative", "selfspec"):  # one verifier forward a round (.steps)
     out["tokens_per_verifier_forward"] = _ratio(
         sr.tokens, None if sr.loop_steps is None else sr.loop_steps * r.batch_size)
     out["draft_length"] = r.setting.get("draft_length")
@@ -469,9 +476,13 @@ def _judged(claim: Claim, r: MethodResult, accelerated_ar_label: str | None) -> 
           and not r.setting.get("task_tags"))
 
 
+SELFSPEC_AR_LABEL = "ar (selfspec model)"  # the self-speculative model's own AR decode
+
+
 def judge(results: Sequence[MethodResult], *, task: str, llada_label: str,
           ar_label: str = "ar", platform: str = "cpu", claims=CLAIMS,
-          accelerated_ar_label: str | None = None) -> dict:
+          accelerated_ar_label: str | None = None,
+          selfspec_ar_label: str = SELFSPEC_AR_LABEL) -> dict:
   """Judges every claim on the batch-1 cells of `results` (see the module docstring).
 
   accelerated_ar_label: the accelerated AR cell (e.g. "speculative ar k=4"); where its
@@ -479,7 +490,7 @@ def judge(results: Sequence[MethodResult], *, task: str, llada_label: str,
   """
   at1 = [r for r in results if r.batch_size == 1]
   by_label = {r.label: r for r in at1}
-  labels = {"ar": ar_label, "llada": llada_label}
+  labels = {"ar": ar_label, "llada": llada_label, "selfspec_ar": selfspec_ar_label}
   accelerated = by_label.get(accelerated_ar_label)
   d2f = [r for r in at1 if r.method == "d2f"]
   out = []
