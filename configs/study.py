@@ -20,21 +20,25 @@ file only sets what the study must hold fixed (data, canvas, steps) and the deco
 Every setting listed here is reported; none is dropped.
 
 Modes:
-  ""     the mixed suite (MIXED), sized to run in 15 minutes on 2 CPU cores from a fresh
-         clone: three-digit addition worked column by column (`long_addition:2`,
-         31-character answers, half of the data: the headline task), sorting five digits
-         (copying-like), two-digit addition (`37+48=85`, short answers) and running sums
-         (`running_sum:1`: each digit depends on the previous one, so parallel commits
-         fail); G = 32, 160 held-out prompts, batch 1. The MDM starts from the trained AR
-         model with Dream's shifted logits (AR-to-diffusion adaptation: measured on long
-         addition, 1500 steps reach the masked-token accuracy the from-scratch MDM needs
-         ~3400 for, BENCHMARKS.md section 1); the D2F student (block 16) starts from it.
-         Two narrow drafters (d 48, 2 layers) train after them: `ar_draft` (AR, 900 steps:
-         the accelerated AR baseline, speculative AR) and `bd_draft`, a block-diffusion
-         drafter adapted from it (1500 steps; DFlash's lightweight drafter for an AR
-         target). Training takes ~8-11 of the 15 minutes.
-         A compact grid (DEFAULT_CELLS); the task-tagged adaptive cell's tag -> mode map is
-         fitted on a calibration split (below).
+  ""     the mixed suite (MIXED), sized to run in 15 minutes on a fast 2-core host from a
+         fresh clone: three-digit addition worked column by column (`long_addition:2`,
+         31-character answers, the largest share of the data: the headline task), sorting
+         five digits (copying-like), two-digit addition with its sum written units digit
+         first (`arithmetic_reversed:1`, `37+48=58`: short answers a causal model can
+         learn in the budget) and running sums (`running_sum:1`: each digit depends on the
+         previous one, so parallel commits fail); the AR baseline trains 1500 steps so that
+         it knows every task (>= 95% each is the bar). G = 32, 160 held-out prompts, batch
+         1. The MDM starts from the trained AR model with Dream's shifted logits
+         (AR-to-diffusion adaptation: measured on long addition, 1500 steps reach the
+         masked-token accuracy the from-scratch MDM needs ~3400 for, BENCHMARKS.md section
+         1); the D2F student (block 16) starts from it. Two narrow drafters (d 48, 2
+         layers) train after them: `ar_draft` (AR: the accelerated AR baseline,
+         speculative AR) and `bd_draft`, a block-diffusion drafter adapted from it (1500
+         steps; DFlash's lightweight drafter for an AR target); and the self-speculative
+         model `selfspec` (TiDAR: the AR model trained on with selfspec_loss, 600 steps),
+         decoded beside its own AR decode.
+         A compact grid (DEFAULT_CELLS); the adaptive cells' prompt router (no task tags)
+         and the task-tagged oracle's map are fitted on a calibration split (below).
   short  two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16): the regime where
          AR needs ~3.5 forwards and parallel decoding has little to save (the former
          default mode). The MDM starts from the trained AR model with Dream's shifted
@@ -83,11 +87,18 @@ The hybrids decode with the AR model as target (`model`) and the D2F student as 
     block length per round, verified by AR, greedy;
   * adaptive (`method="adaptive"`): per row and round, commit the draft in parallel, verify
     it, or decode AR, by the rule and thresholds of configs/adaptive.py; on a mixed suite
-    also with task tags (`task_tags`: each prompt's task name is its row's tag). The tag ->
-    mode map is not written here: the study fits it before decoding (`calibrate`,
-    experiments/studylib/calibration.py) on `eval.calibration_prompts` eval-split records after
-    the evaluation prompts, giving each task the fastest of parallel / verify / AR whose
-    accuracy there is within `eval.calibration_tolerance` of AR's.
+    also routed by the prompt's text (`router`: each row's tag is its prompt's format,
+    experiments/studylib/router.py) and, as the oracle's upper bound, with the generator's
+    task names (`task_tags`), which no user has. Neither map is written here: the study
+    fits both before decoding (`calibrate`, experiments/studylib/calibration.py) on
+    `eval.calibration_prompts` eval-split records after the evaluation prompts, giving each
+    prompt format (each task) the fastest mode whose accuracy there is within
+    `eval.calibration_tolerance` of AR's.
+
+Competitors run at their published settings: vanilla LLaDA at steps = G over
+semi-autoregressive blocks of 32 (G when G < 32), Fast-dLLM at blocks of 32 (threshold 0.9),
+D2F at its release's thresholds (tau_conf 0.9, tau_add 0.1, tau_act 0.95); a cell off them
+says so in its label ("tuned" for the other D2F thresholds).
 """
 
 import importlib.util

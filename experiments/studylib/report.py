@@ -62,7 +62,8 @@ def per_task_table(results: Sequence[MethodResult], *, baseline: str | None = No
   counts = {t: max(r.per_task.get(t, (0, 0))[1] for r in cells) for t in tasks}
   head = "| setting | " + " | ".join(f"{t} ({counts[t]})" for t in tasks) + " |"
   lines = [f"Per task at batch {batch_size}: accuracy, and tokens/s against "
-           f"{baseline or 'the baseline'} on the same task's prompts.", "", head,
+           f"{baseline or 'the baseline'} on the same task's prompts [paired 95% interval].",
+           "", head,
            "|" + "---|" * (len(tasks) + 1)]
   for r in cells:
     row = []
@@ -74,6 +75,9 @@ def per_task_table(results: Sequence[MethodResult], *, baseline: str | None = No
       speed, ref = r.task_tokens_per_s(t), base.task_tokens_per_s(t) if base else float("nan")
       if speed == speed and ref == ref and ref > 0:  # both timed (not nan)
         text += f", {speed / ref:.2f}x"
+        ci = intervals_lib.versus(r, base, t, t)["speedup_ci95"]
+        if ci is not None:
+          text += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
       row.append(text)
     lines.append(f"| {r.label} | " + " | ".join(row) + " |")
   return "\n".join(lines)

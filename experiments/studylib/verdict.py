@@ -335,7 +335,7 @@ def _x(x) -> str:
 
 def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult | None,
                  base_label: str, d2f: Sequence[MethodResult], *, task: str,
-                 platform: str, accelerated: MethodResult | None = None) -> dict:
+                 accelerated: MethodResult | None = None) -> dict:
   """One claim's entry (module docstring); `accelerated`: the accelerated AR cell every
   judged cell is also set against (figures only: the status is judged against `base`)."""
   accuracy_task = task if claim.accuracy_on == "task" else None
@@ -396,7 +396,7 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
                key=lambda c: (_delta(c), speed(c)))
     entry["premise"] = {"best_d2f_label": best["label"],
                         "best_d2f_accuracy_delta_points": best["accuracy_delta_points"]}
-  premise = _premise_text(claim, entry["premise"], d2f)
+  premise = _premise_text(claim, entry["premise"])
 
   if met:
     fig = entry["figure"] = max(met, key=speed)
@@ -424,7 +424,7 @@ def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult
               f"{claim.speedup:g}x{premise}", "speedup", fig["speedup"])
 
 
-def _premise_text(claim: Claim, premise: dict | None, d2f) -> str:
+def _premise_text(claim: Claim, premise: dict | None) -> str:
   """`; premise: ...`: whether D2F alone loses more than the claim's premise (adaptive)."""
   if claim.premise_d2f_loss_points is None:
     return ""
@@ -498,7 +498,7 @@ def judge(results: Sequence[MethodResult], *, task: str, llada_label: str,
     base_label = labels[claim.baseline]
     cells = [r for r in at1 if _judged(claim, r, accelerated_ar_label)]
     entry = _judge_claim(claim, cells, by_label.get(base_label), base_label, d2f,
-                         task=task, platform=platform,
+                         task=task,
                          accelerated=accelerated if claim.baseline == "ar" else None)
     oracle = [r for r in at1 if r.method == claim.method and r.setting.get("task_tags")]
     if oracle and by_label.get(base_label) is not None:  # shown, never judged
