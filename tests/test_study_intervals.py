@@ -1,6 +1,7 @@
 """The study's paired bootstrap intervals: every cell stores its per-prompt results, and an
 interval in the verdict recomputes from them (an independent NumPy re-statement here)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -116,3 +117,15 @@ def test_cells_without_per_prompt_results_have_no_interval():
   assert intervals.versus(old, old, None, None) == {"accuracy_delta_ci95": None,
                                                      "speedup_ci95": None}
   assert intervals.own(old) == {"accuracy_ci95": None, "tokens_per_s_ci95": None}
+
+
+def test_a_figure_without_a_denominator_has_no_interval_and_round_trips():
+  """A baseline that wrote no token: its ratio has no denominator in any resample, so the
+  interval is None (never NaN, which would not equal itself after a JSON round trip)."""
+  assert intervals.rate_ratio([1, 2], [1.0, 1.0], [0, 0], [1.0, 1.0]) is None
+  assert intervals.proportion([0, 0], [0, 0]) is None
+  ar, d2f = tiny_run()
+  silent = dataclasses.replace(ar, response_tokens=0,
+                               per_prompt={**ar.per_prompt, "tokens": [0] * N})
+  v = verdict.judge([silent, d2f], task="arithmetic", llada_label="llada")
+  assert json.loads(json.dumps(v)) == v

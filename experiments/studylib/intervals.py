@@ -51,13 +51,13 @@ def _weights(sizes: tuple[int, ...], resamples: int, seed: int) -> np.ndarray:
   return out
 
 
-def percentile_interval(samples: np.ndarray, level: float = LEVEL) -> list[float]:
+def percentile_interval(samples: np.ndarray, level: float = LEVEL) -> list[float] | None:
   """[lo, hi]: the central `level` of the finite resampled figures (a resample whose ratio has
-  no denominator is dropped)."""
+  no denominator is dropped); None when none is finite (a figure with no denominator)."""
   samples = np.asarray(samples, float)
   samples = samples[np.isfinite(samples)]
   if not samples.size:
-    return [float("nan"), float("nan")]
+    return None
   tail = 100 * (1 - level) / 2
   lo, hi = np.percentile(samples, [tail, 100 - tail])
   return [float(lo), float(hi)]
@@ -73,7 +73,7 @@ def _check(*arrays) -> list[np.ndarray]:
 
 def accuracy_delta(correct: Sequence, base_correct: Sequence, prompts: Sequence, *,
                    strata: Sequence[int] | None = None, resamples: int = RESAMPLES,
-                   seed: int = SEED) -> list[float]:
+                   seed: int = SEED) -> list[float] | None:
   """[lo, hi] of 100 * (accuracy - base accuracy) in points, paired over batches."""
   c, cb, n = _check(correct, base_correct, prompts)
   w = weights(strata or [len(n)], resamples=resamples, seed=seed)
@@ -84,7 +84,7 @@ def accuracy_delta(correct: Sequence, base_correct: Sequence, prompts: Sequence,
 
 def rate_ratio(tokens: Sequence, wall: Sequence, base_tokens: Sequence, base_wall: Sequence,
                *, strata: Sequence[int] | None = None, resamples: int = RESAMPLES,
-               seed: int = SEED) -> list[float]:
+               seed: int = SEED) -> list[float] | None:
   """[lo, hi] of (tokens / wall) / (base tokens / base wall), paired over batches: a tokens/s
   ratio (any ratio of two such rates: tokens per forward, with forwards for wall)."""
   t, s, tb, sb = _check(tokens, wall, base_tokens, base_wall)
@@ -95,7 +95,7 @@ def rate_ratio(tokens: Sequence, wall: Sequence, base_tokens: Sequence, base_wal
 
 
 def proportion(correct: Sequence, prompts: Sequence, *, strata: Sequence[int] | None = None,
-               resamples: int = RESAMPLES, seed: int = SEED) -> list[float]:
+               resamples: int = RESAMPLES, seed: int = SEED) -> list[float] | None:
   """[lo, hi] of one cell's accuracy (a fraction), over its batches."""
   c, n = _check(correct, prompts)
   w = weights(strata or [len(n)], resamples=resamples, seed=seed)
@@ -104,7 +104,7 @@ def proportion(correct: Sequence, prompts: Sequence, *, strata: Sequence[int] | 
 
 
 def rate(tokens: Sequence, wall: Sequence, *, strata: Sequence[int] | None = None,
-         resamples: int = RESAMPLES, seed: int = SEED) -> list[float]:
+         resamples: int = RESAMPLES, seed: int = SEED) -> list[float] | None:
   """[lo, hi] of one cell's tokens / wall (tokens/s), over its batches."""
   t, s = _check(tokens, wall)
   w = weights(strata or [len(t)], resamples=resamples, seed=seed)
