@@ -271,7 +271,7 @@ def test_study_mode_flags_and_default_workdirs(tmp_path):
   module = load_module(STUDY_CONFIG)
   assert [study_lib.default_workdir(module.get_config(m)) for m in STUDY_MODES] == [
       "runs/study", "runs/study_short", "runs/study_long", "runs/study_full",
-      "runs/study_short"]  # the trade-off mode loads the short mode's models
+      "runs/study"]  # the trade-off mode loads the default mode's models
   assert expand(["s", "--short"]) == ["s", "--config=configs/study.py:short"]
   # The script itself: flags parse (the run then stops at a workdir that cannot be made).
   (tmp_path / "file").write_text("")
@@ -285,6 +285,9 @@ def test_study_mode_flags_and_default_workdirs(tmp_path):
   proc = subprocess.run([sys.executable, script, "--long", "--full"], cwd=REPO,
                         capture_output=True, text=True, timeout=300, env=env)
   assert proc.returncode == 1 and "pass one study mode" in proc.stderr
+  proc = subprocess.run([sys.executable, script, "--seeds=0"], cwd=REPO,
+                        capture_output=True, text=True, timeout=300, env=env)
+  assert proc.returncode != 0 and "--seeds must be >= 1" in proc.stderr
 
 
 def test_every_config_loads_without_jax(tmp_path):
