@@ -425,5 +425,5 @@ def test_run_cells_passes_task_tags_and_times_each_task():
   assert sum(v[1] for v in timed.values()) == pytest.approx(one.wall_s)
   assert one.task_tokens_per_s("sorting") == pytest.approx(3 / timed["sorting"][1])
   table = report.per_task_table([one], baseline="ar")
-  assert "| ar | 100.0%, 1.00x | 100.0%, 1.00x |" in table
+  assert "| ar | 100.0%, 1.00x [1.00, 1.00] | 100.0%, 1.00x [1.00, 1.00] |" in table
   assert report.per_task_table([dataclasses.replace(one, per_task={"a": [1, 1]})]) == ""
