@@ -57,3 +57,26 @@ def test_pooled_cells_sum_each_seed_and_resample_within_it():
   assert "| d2f_vs_ar | " in text and "| seed 0 | seed 1 | pooled |" in text
   with pytest.raises(ValueError, match="missing from a seed"):
     seeds.pool([first, second[:1]])
+
+
+@pytest.mark.slow
+def test_two_seeds_end_to_end(tmp_path):
+  """The micro study at two training seeds: seed 0 in the workdir, seed 1 in seed1/, both on
+  the workdir's data; every claim reported per seed and pooled, recomputable."""
+  import json as json_lib
+  from studylib import study
+  from test_study import _micro_config
+  out = seeds.run(_micro_config(), tmp_path, 2, study.run, log=lambda *_: None)
+  assert (tmp_path / "study.json").exists() and (tmp_path / "seed1" / "study.json").exists()
+  assert not (tmp_path / "seed1" / "data").exists()  # the data is shared
+  docs = [json_lib.loads((d / "study.json").read_text()) for d in (tmp_path, tmp_path / "seed1")]
+  assert [d["config"]["models"]["ar"]["train"]["seed"] for d in docs] == [0, 1]
+  stored = json_lib.loads((tmp_path / "seeds.json").read_text())
+  assert [len(c["seeds"]) for c in stored["claims"]] == [2] * len(verdict.CLAIMS)
+  pooled = seeds.pool([[verdict.MethodResult.from_json(r) for r in d["results"]] for d in docs])
+  config = _micro_config()
+  assert stored["pooled_verdict"] == json_lib.loads(json_lib.dumps(verdict.judge(
+      pooled, task=config.eval.headline_task, llada_label=config.eval.llada_vanilla_label,
+      platform=docs[0]["machine"]["platform"],
+      accelerated_ar_label=config.eval.get("accelerated_ar_label"))))
+  assert "| d2f_vs_ar |" in (tmp_path / "seeds.md").read_text() and out["seeds"] == 2

@@ -201,8 +201,8 @@ def pareto_plot(results: Sequence[MethodResult], path: str, *, title: str = "",
       if not off and bars["accuracy_ci95"] is not None:
         yerr = [[y - 100 * bars["accuracy_ci95"][0]], [100 * bars["accuracy_ci95"][1] - y]]
         xerr = None
-        if bars["tokens_per_s_ci95"] is not None:
-          lo_x, hi_x = bars["tokens_per_s_ci95"]
+        if bars["tokens_per_s_ci95"] is not None and bars["tokens_per_s_ci95"][0] > 0:
+          lo_x, hi_x = bars["tokens_per_s_ci95"]  # (a log axis: no bar down to 0)
           xerr = [[r.tokens_per_s - lo_x], [hi_x - r.tokens_per_s]]
         ax.errorbar([r.tokens_per_s], [y], yerr=yerr, xerr=xerr, color=colors[r.method],
                     lw=0.8, capsize=2, zorder=2, alpha=0.7)
