@@ -4,7 +4,7 @@
   python experiments/study.py --short   # short answers only                (runs/study_short)
   python experiments/study.py --long    # answers of 159-163 tokens, ~1 h      (runs/study_long)
   python experiments/study.py --full    # larger, for an accelerator          (runs/study_full)
-  python experiments/study.py --tradeoff  # trade-off curves, from the short mode's models
+  python experiments/study.py --tradeoff  # trade-off curves, from the default mode's models
 
   python experiments/study.py --checkpoints --config.checkpoints.ar=... (runs/study_checkpoints)
                                         # published checkpoints on GSM8K: see the end of file
@@ -25,21 +25,25 @@ file only sets what the study must hold fixed (data, canvas, steps) and the deco
 Every setting listed here is reported; none is dropped.
 
 Modes:
-  ""     the mixed suite (MIXED), sized to run in 15 minutes on 2 CPU cores from a fresh
-         clone: three-digit addition worked column by column (`long_addition:2`,
-         31-character answers, half of the data: the headline task), sorting five digits
-         (copying-like), two-digit addition (`37+48=85`, short answers) and running sums
-         (`running_sum:1`: each digit depends on the previous one, so parallel commits
-         fail); G = 32, 160 held-out prompts, batch 1. The MDM starts from the trained AR
-         model with Dream's shifted logits (AR-to-diffusion adaptation: measured on long
-         addition, 1500 steps reach the masked-token accuracy the from-scratch MDM needs
-         ~3400 for, BENCHMARKS.md section 1); the D2F student (block 16) starts from it.
-         Two narrow drafters (d 48, 2 layers) train after them: `ar_draft` (AR, 900 steps:
-         the accelerated AR baseline, speculative AR) and `bd_draft`, a block-diffusion
-         drafter adapted from it (1500 steps; DFlash's lightweight drafter for an AR
-         target). Training takes ~8-11 of the 15 minutes.
-         A compact grid (DEFAULT_CELLS); the task-tagged adaptive cell's tag -> mode map is
-         fitted on a calibration split (below).
+  ""     the mixed suite (MIXED), sized to run in 15 minutes on a fast 2-core host from a
+         fresh clone: three-digit addition worked column by column (`long_addition:2`,
+         31-character answers, the largest share of the data: the headline task), sorting
+         five digits (copying-like), two-digit addition with its sum written units digit
+         first (`arithmetic_reversed:1`, `37+48=58`: short answers a causal model can
+         learn in the budget) and running sums (`running_sum:1`: each digit depends on the
+         previous one, so parallel commits fail); the AR baseline trains 1500 steps so that
+         it knows every task (>= 95% each is the bar). G = 32, 160 held-out prompts, batch
+         1. The MDM starts from the trained AR model with Dream's shifted logits
+         (AR-to-diffusion adaptation: measured on long addition, 1500 steps reach the
+         masked-token accuracy the from-scratch MDM needs ~3400 for, BENCHMARKS.md section
+         1); the D2F student (block 16) starts from it. Two narrow drafters (d 48, 2
+         layers) train after them: `ar_draft` (AR: the accelerated AR baseline,
+         speculative AR) and `bd_draft`, a block-diffusion drafter adapted from it (1500
+         steps; DFlash's lightweight drafter for an AR target); and the self-speculative
+         model `selfspec` (TiDAR: the AR model trained on with selfspec_loss, 600 steps),
+         decoded beside its own AR decode.
+         A compact grid (DEFAULT_CELLS); the adaptive cells' prompt router (no task tags)
+         and the task-tagged oracle's map are fitted on a calibration split (below).
   short  two-digit addition, `37+48=85` (answers of ~2.5 tokens, G = 16): the regime where
          AR needs ~3.5 forwards and parallel decoding has little to save (the former
          default mode). The MDM starts from the trained AR model with Dream's shifted
@@ -62,9 +66,10 @@ Modes:
   full   for an accelerator: a wider, deeper model (d 512, 8 layers, 34M parameters), 10x
          the steps, on long addition worked column by column at 3, 4 and 6 digits (answers
          of up to 61 characters, G = 64); the D2F student is distilled at block 16.
-  tradeoff  the survey's three trade-offs as curves, on the short mode's data and its
-         trained AR, MDM and D2F models (same workdir, runs/study_short: they are loaded,
-         not retrained), plus three models of its own (TRADEOFF below):
+  tradeoff  the survey's three trade-offs as curves, on the default mode's data (worked
+         additions long enough for the step count to matter: G = 32) and its trained AR, MDM,
+         D2F and narrow AR drafter (same workdir, runs/study: they are loaded, not
+         retrained), plus three models of its own (TRADEOFF below):
            * steps x unmasking schedule: LLaDA (one block over G) and block diffusion (the
              D2F student at its training block k) at k, k/2, k/4, k/8, k/16 steps per block
              (those >= 1) under the even (LLaDA) and cosine (MaskGIT) schedules, and under the
@@ -87,11 +92,18 @@ The hybrids decode with the AR model as target (`model`) and the D2F student as 
     block length per round, verified by AR, greedy;
   * adaptive (`method="adaptive"`): per row and round, commit the draft in parallel, verify
     it, or decode AR, by the rule and thresholds of configs/adaptive.py; on a mixed suite
-    also with task tags (`task_tags`: each prompt's task name is its row's tag). The tag ->
-    mode map is not written here: the study fits it before decoding (`calibrate`,
-    experiments/studylib/calibration.py) on `eval.calibration_prompts` eval-split records after
-    the evaluation prompts, giving each task the fastest of parallel / verify / AR whose
-    accuracy there is within `eval.calibration_tolerance` of AR's.
+    also routed by the prompt's text (`router`: each row's tag is its prompt's format,
+    experiments/studylib/router.py) and, as the oracle's upper bound, with the generator's
+    task names (`task_tags`), which no user has. Neither map is written here: the study
+    fits both before decoding (`calibrate`, experiments/studylib/calibration.py) on
+    `eval.calibration_prompts` eval-split records after the evaluation prompts, giving each
+    prompt format (each task) the fastest mode whose accuracy there is within
+    `eval.calibration_tolerance` of AR's.
+
+Competitors run at their published settings: vanilla LLaDA at steps = G over
+semi-autoregressive blocks of 32 (G when G < 32), Fast-dLLM at blocks of 32 (threshold 0.9),
+D2F at its release's thresholds (tau_conf 0.9, tau_add 0.1, tau_act 0.95); a cell off them
+says so in its label ("tuned" for the other D2F thresholds).
 """
 
 import importlib.util
@@ -101,10 +113,14 @@ from ml_collections import config_dict
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 MODES = ("", "short", "long", "full", "tradeoff")
-# The default mode's mixed suite: long worked answers (weight 3 of 6: the headline task, half
-# of the training data), sorting (copying-like: safe in parallel), short answers, and running
-# sums (parallel commits fail).
-MIXED = "long_addition:2:3,sorting:1,arithmetic:1,running_sum:1"
+# The default mode's mixed suite: long worked answers (weight 3 of 7.75: the headline task),
+# sorting (copying-like: safe in parallel), two-digit sums written units digit first
+# (`37+48=58` for 85: each digit then depends only on digits before it, so the AR baseline
+# learns them; written tens first it scored 26%), and running sums (parallel commits fail).
+# The short tasks carry more weight than the 1 of 6 under which AR learned 17-31% of running
+# sums and 26% of two-digit sums in 900 steps: the baseline must know every task (>= 95%), so
+# that the decoders' differences are differences of decoding.
+MIXED = ("long_addition:2:3,sorting:1:1.25,arithmetic_reversed:1:2,running_sum:1:1.5")
 # mode -> (tasks, canvas block: G is the longest answer + EOS rounded up to it, D2F train block)
 DATA = {"": (MIXED, 8, 16), "short": ("arithmetic:1", 16, 4),
         "long": ("addition_sheet:3", 32, 16),
@@ -115,7 +131,7 @@ DATA = {"": (MIXED, 8, 16), "short": ("arithmetic:1", 16, 4),
 # enough for AR to accept long runs of them (the lossless hybrid). The student's agreement with
 # its teacher levels off by step 500: in four default runs it rose 0.02-0.10 points from step
 # 500 to 700, and those 200 steps cost ~55 s of the budget.
-STEPS = {"": {"ar": 900, "mdm": 1500, "d2f": 500},
+STEPS = {"": {"ar": 1500, "mdm": 1500, "d2f": 500, "selfspec": 600},
          "short": {"ar": 1500, "mdm": 1000, "d2f": 1000},
          "long": {"ar": 1000, "mdm": 1500, "d2f": 700},
          "full": {"ar": 20000, "mdm": 40000, "d2f": 10000}}
@@ -139,22 +155,27 @@ MAX_SEQ_LEN = {"full": 128}
 # with BOS), so `--config.data.gen_length=384` is one flag: LLaDA's regime of a G well above
 # the answer, where the published 50x was measured (BENCHMARKS.md section 2).
 LONG_WINDOW_ABOVE_G = 40
+# The competitors' published settings: LLaDA's semi-autoregressive block and Fast-dLLM's decode
+# block (32, or G when G < 32), and D2F's release thresholds (dllm-algorithms.md section 7).
+PUBLISHED_BLOCK = 32
+D2F_RELEASE = {"tau_conf": 0.9, "tau_add": 0.1, "tau_act": 0.95}
 # D2F's commit threshold per mode where it is swept wider than (0.9, 0.7, 0.5): on answers of
 # ~160 tokens a per-token error compounds, so the long mode also decodes at 0.95 and 0.99.
 D2F_TAUS = {"long": (0.99, 0.95, 0.9, 0.7, 0.5)}
 LONG_CELLS = ("ar", "llada steps=G", "fast-dllm tau=0.9 dual", "d2f on mdm (no distill) k=8",
-              "block diffusion k=16", "d2f k=16 tau=0.99", "d2f k=16 tau=0.95",
-              "d2f k=16 tau=0.9", "d2f k=16 A=2 tau=0.9", "d2f k=16 tau=0.7",
-              "d2f k=32 tau=0.99", "d2f k=32 tau=0.95", "d2f k=32 tau=0.9",
-              "d2f k=32 A=2 tau=0.9", "d2f k=32 tau=0.7", "d2f k=32 tau=0.5",
+              "block diffusion k=16", "d2f k=16 tau=0.99 tuned", "d2f k=16 tau=0.95 tuned",
+              "d2f k=16 tau=0.9", "d2f k=16 A=2 tau=0.9", "d2f k=16 tau=0.7 tuned",
+              "d2f k=32 tau=0.99 tuned", "d2f k=32 tau=0.95 tuned", "d2f k=32 tau=0.9",
+              "d2f k=32 A=2 tau=0.9", "d2f k=32 tau=0.7 tuned", "d2f k=32 tau=0.5 tuned",
               "speculative d2f k=16", "speculative d2f k=32", "adaptive k=16")
 # The default mode's grid (a 15-minute budget: each cell compiles once): one cell per decoder
 # and setting that a claim or a contrast needs; the other modes run every cell _methods lists.
 DEFAULT_CELLS = ("ar", "llada steps=G", "llada steps=G/2", "fast-dllm tau=0.9 dual",
                  "d2f on mdm (no distill) k=8", "block diffusion k=16", "d2f k=8 tau=0.9",
-                 "d2f k=16 tau=0.9", "d2f k=16 tau=0.7", "d2f k=16 tau=0.5",
+                 "d2f k=16 tau=0.9", "d2f k=16 tau=0.7 tuned", "d2f k=16 tau=0.5 tuned",
                  "speculative d2f k=8", "speculative d2f k=16", "adaptive k=16",
-                 "adaptive k=16 task tags")
+                 "adaptive k=16 prompt router", "adaptive k=16 task tags (oracle upper bound)",
+                 "ar (selfspec model)", "selfspec k=4")
 
 
 def _load(name):
@@ -164,11 +185,13 @@ def _load(name):
   return config_dict.ConfigDict(module.get_config().to_dict())  # an unlocked copy
 
 
-def _adaptive(tasks: str, k: int, tags: bool):
+def _adaptive(tasks: str, k: int, tags: bool = False, router: bool = False):
   """An adaptive cell: the AR model as target, the D2F student as drafter, the rule's
-  thresholds from configs/adaptive.py; with `tags`, each row's task name is its tag and the
-  tag -> mode map is fitted by the study on the calibration split (`calibrate`:
-  experiments/studylib/calibration.py), never on the evaluation prompts."""
+  thresholds from configs/adaptive.py. With `router`, each row's tag is its prompt's format
+  (the prompt text alone: experiments/studylib/router.py) and the format -> mode map is fitted
+  by the study on the calibration split (`calibrate`: experiments/studylib/calibration.py),
+  never on the evaluation prompts. With `tags`, each row's tag is the generator's task name,
+  which no user has: the oracle's upper bound, fitted alike."""
   rule = _load("adaptive").decode
   options = {"draft_length": k, "draft_steps": rule.draft_steps,
              "parallel_confidence": rule.parallel_confidence,
@@ -177,22 +200,36 @@ def _adaptive(tasks: str, k: int, tags: bool):
   cell = {"method": "adaptive", "label": f"adaptive k={k}", "model": "ar", "drafter": "d2f",
           "options": options}
   if tags:
-    cell.update(label=f"adaptive k={k} task tags", task_tags=True, calibrate=True)
+    cell.update(label=f"adaptive k={k} task tags (oracle upper bound)", task_tags=True,
+                calibrate=True)
+  if router:
+    cell.update(label=f"adaptive k={k} prompt router", router="prompt_format", calibrate=True)
   return cell
 
 
+def published_block(gen_length: int) -> int:
+  """LLaDA's semi-autoregressive block and Fast-dLLM's decode block as released: 32 slots, or
+  the whole canvas when G < 32."""
+  return min(PUBLISHED_BLOCK, gen_length)
+
+
 def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
-  """The decoding grid. Vanilla LLaDA is one block over the whole canvas, one token a step."""
+  """The decoding grid. Competitors run at their published settings (vanilla LLaDA: steps =
+  G over blocks of 32; Fast-dLLM: blocks of 32; D2F: its release's thresholds, D2F_RELEASE);
+  a cell off them says so in its label ("tuned", or the setting it changes)."""
   g = gen_length
   blocks = {"": (8, 16), "short": (4, 8), "long": (16, 32), "full": (8, 16)}[mode]
+  published = published_block(g)
   d2f = []
   for block in blocks:
     for active in (None, 2) if g // block > 2 else (None,):
       for tau in D2F_TAUS.get(mode, (0.9, 0.7, 0.5)):
         bound = "" if active is None else f" A={active}"
-        d2f.append({"method": "d2f", "label": f"d2f k={block}{bound} tau={tau}", "model": "d2f",
-                    "options": {"block_length": block, "tau_conf": tau, "tau_add": 0.1,
-                                "tau_act": 0.95, "max_active_blocks": active}})
+        tuned = "" if tau == D2F_RELEASE["tau_conf"] else " tuned"
+        d2f.append({"method": "d2f", "label": f"d2f k={block}{bound} tau={tau}{tuned}",
+                    "model": "d2f",
+                    "options": {**D2F_RELEASE, "block_length": block, "tau_conf": tau,
+                                "max_active_blocks": active}})
   # The hybrids. Speculative (lossless): the D2F student drafts k tokens in one forward, the
   # AR model verifies them in one (greedy: the output is AR's, token for token). Adaptive:
   # per row and round, commit the draft in parallel, verify it, or decode AR.
@@ -200,28 +237,37 @@ def _methods(mode: str, gen_length: int, train_block: int, tasks: str):
               "drafter": "d2f", "options": {"drafter": "d2f", "draft_length": k}}
              for k in blocks]
   hybrids += [_adaptive(tasks, k, tags=False) for k in blocks]
-  if len({part.split(":")[0] for part in tasks.split(",")}) > 1:  # mixed: task-tagged switch
+  if len({part.split(":")[0] for part in tasks.split(",")}) > 1:  # mixed: routed switching
+    hybrids += [_adaptive(tasks, k, router=True) for k in blocks]
     hybrids += [_adaptive(tasks, k, tags=True) for k in blocks]
   cells = [
       {"method": "ar", "label": "ar", "model": "ar", "options": {}},
+      # Vanilla LLaDA as published: semi-autoregressive blocks of 32 (G when G < 32), one
+      # token a step (steps = G), low-confidence remasking, no early exit.
       {"method": "llada", "label": "llada steps=G", "model": "mdm",
-       "options": {"block_fraction": 1, "early_stop": False}},
+       "options": {"block_length": published, "early_stop": False}},
       {"method": "llada", "label": "llada steps=G early-stop", "model": "mdm",
-       "options": {"block_fraction": 1}},
+       "options": {"block_length": published}},
       {"method": "llada", "label": "llada steps=G/2", "model": "mdm",
-       "options": {"block_fraction": 1, "steps_fraction": 0.5}},
+       "options": {"block_length": published, "steps_fraction": 0.5}},
+      # Fast-dLLM as released: blocks of 32 (G when G < 32), threshold 0.9.
       {"method": "fast_dllm", "label": "fast-dllm tau=0.9", "model": "mdm",
-       "options": {"block_fraction": 0.5, "threshold": 0.9, "cache": "none"}},
+       "options": {"block_length": published, "threshold": 0.9, "cache": "none"}},
       {"method": "fast_dllm", "label": "fast-dllm tau=0.9 prefix", "model": "mdm",
-       "options": {"block_fraction": 0.5, "threshold": 0.9, "cache": "prefix"}},
+       "options": {"block_length": published, "threshold": 0.9, "cache": "prefix"}},
       {"method": "fast_dllm", "label": "fast-dllm tau=0.9 dual", "model": "mdm",
-       "options": {"block_fraction": 0.5, "threshold": 0.9, "cache": "dual"}},
+       "options": {"block_length": published, "threshold": 0.9, "cache": "dual"}},
       # D2F decoding on the undistilled MDM: what the distillation buys.
       {"method": "d2f", "label": "d2f on mdm (no distill) k=8", "model": "mdm",
        "options": {"block_length": 8, "tau_conf": 0.9}},
       {"method": "block_diffusion", "label": f"block diffusion k={train_block}", "model": "d2f",
        "options": {"block_length": train_block, "steps_per_block": train_block}},
   ] + d2f + hybrids
+  if mode in WITH_SELFSPEC:  # the self-speculative model, and its own AR decode (its reference)
+    cells += [{"method": "ar", "label": "ar (selfspec model)", "model": "selfspec",
+               "options": {}},
+              {"method": "selfspec", "label": f"selfspec k={SELFSPEC_K}", "model": "selfspec",
+               "options": {"draft_length": SELFSPEC_K}}]
   compact = {"": DEFAULT_CELLS, "long": LONG_CELLS}.get(mode)
   if compact:
     cells = [c for c in cells if c["label"] in compact]
@@ -249,13 +295,22 @@ WITH_DRAFTER = ("", "short")  # modes that train ar_draft and time the accelerat
 # Trained from scratch for the same steps it drafts far worse (21 against 10 forwards a
 # long-addition prompt at k = 8), and with 800 steps from `ar_draft` too (14).
 WITH_BD_DRAFTER = ("",)
+# The self-speculative model (TiDAR): the AR model's network and data, trained on from the AR
+# model (`init_source`) with selfspec_loss: the causal loss plus a block of SELFSPEC_K + 1
+# masks that drafts from a clean causal prefix. Its decoder drafts SELFSPEC_K tokens in every
+# forward and verifies the previous draft in the same forward; greedy, its output is its own
+# AR decode token for token, so its cell sits beside that AR decode.
+WITH_SELFSPEC = ("",)
+SELFSPEC_K = 4
 BD_DRAFTER_KS = (8,)  # its speculative cells' draft lengths
 
+# The default mode's models the trade-off grid does not decode (not loaded there).
+TRADEOFF_UNUSED = ("bd_draft", "selfspec")
 TRADEOFF = {
     "draft_lengths": (2, ACCELERATED_AR_K),
     # MDMs trained with each alpha(t), same data, steps, seed and start (the default MDM's:
-    # the AR model, when mdm_from_ar): 500 steps each (not the default MDM's 1000, so that
-    # the three fit the mode's 20-minute budget).
+    # the AR model, when mdm_from_ar): 500 steps each (not the default MDM's 1500, so that
+    # the three fit the mode's budget).
     "train_schedules": ("linear", "cosine", "polynomial"),
     "train_schedule_steps": 500,
     "steps_divisors": (1, 2, 4, 8, 16),              # steps per block k / d
@@ -281,6 +336,8 @@ def get_config(mode: str = ""):
   c.models.ar = _load("ar_tiny")
   c.models.mdm = _load("mdm_tiny")
   c.models.d2f = _load("d2f_tiny")
+  if mode in WITH_SELFSPEC:
+    c.models.selfspec = _selfspec(c.models.ar)
 
   # One data section for all three models: same tasks, tokenizer, canvas and held-out split.
   c.data = config_dict.ConfigDict(c.models.mdm.data.to_dict())
@@ -358,9 +415,14 @@ def get_config(mode: str = ""):
 
 
 def _tradeoff_config():
-  """The default mode's config (same data, same AR / MDM / D2F models, so that the default
-  mode's cached models are loaded) with the trade-off models and grid."""
-  c = config_dict.ConfigDict(get_config("short").to_dict())  # an unlocked copy
+  """The default mode's config (same data, same AR / MDM / D2F models and narrow AR drafter,
+  so that the default mode's cached models are loaded) with the trade-off models and grid.
+  The default mode's answers (31-character worked additions at G = 32) are long enough for
+  the step count to matter; the short mode's 2.5-token answers were not (every cell scored
+  alike)."""
+  c = config_dict.ConfigDict(get_config("").to_dict())  # an unlocked copy
+  for name in TRADEOFF_UNUSED:
+    del c.models[name]
   t = TRADEOFF
   c.mode = "tradeoff"
   for schedule in t["train_schedules"]:
@@ -375,6 +437,14 @@ def _tradeoff_config():
   c.eval.llada_vanilla_label = f"llada even s={g}"
   c.lock()
   return c
+
+
+def _selfspec(ar_config):
+  """The AR model's training config with the self-speculative objective (WITH_SELFSPEC)."""
+  m = config_dict.ConfigDict(ar_config.to_dict())
+  m.objective.name = "selfspec"
+  m.objective.options = {"block_size": SELFSPEC_K + 1, "draft_weight": 1.0}
+  return m
 
 
 def _narrow(model_config):
@@ -431,7 +501,7 @@ def _tradeoff_methods(g: int, train_block: int, t: dict):
                          {**extra, "unmasking": "entropy_bound"}, "entropy_bound", bounds,
                          f"{name} entropy_bound={{v}}")
   cells += _knob_cells("fast_dllm", "mdm", "fast-dllm threshold",
-                       {"block_length": g // 2, "cache": "prefix"}, "threshold",
+                       {"block_length": published_block(g), "cache": "prefix"}, "threshold",
                        t["thresholds"], "fast-dllm tau={v}")
   cells += _knob_cells("d2f", "d2f", "d2f threshold",
                        {"block_length": train_block, "tau_add": 0.1, "tau_act": 0.95},

@@ -25,7 +25,7 @@ def test_examples_are_self_consistent(name, level):
     assert ex.task == name and ex.prompt.endswith("=")
     assert task.score(ex.answer, ex), ex
     assert task.score(ex.prompt + ex.answer, ex), ex  # the prompt's '=' is not the last one
-    if name != "addition_sheet":  # one final answer; a sheet has one per line (its own test)
+    if name not in ("addition_sheet", "arithmetic_reversed"):  # those: their own tests
       assert extract_final(ex.answer) == ex.target
     assert len(ex.prompt) <= task.max_prompt_len(level)
     assert len(ex.answer) <= task.max_answer_len(level)
@@ -39,6 +39,24 @@ def test_arithmetic_steps_are_correct(level):
     assert int(ex.target) == value
     for step in ex.answer.split("="):
       assert eval(step) == value, ex
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_arithmetic_reversed_writes_the_result_units_first(level):
+  """The same problems as `arithmetic` (same draws), steps unchanged, the final result's
+  digits reversed behind its sign; scoring reads it back, so the plain order scores wrong
+  (unless it is a palindrome)."""
+  plain, reversed_ = _sample("arithmetic", level), _sample("arithmetic_reversed", level)
+  task = get_task("arithmetic_reversed")
+  for a, r in zip(plain, reversed_):
+    assert (r.prompt, r.target) == (a.prompt, a.target) and r.task == "arithmetic_reversed"
+    head, _, final = a.answer.rpartition("=")
+    sign = "-" if final.startswith("-") else ""
+    assert r.answer == (f"{head}=" if head else "") + sign + final[len(sign):][::-1]
+    assert task.score(r.answer, r)
+    assert task.score(a.answer, r) == (final == sign + final[len(sign):][::-1])
+  ex = get_task("arithmetic_reversed").generate(np.random.default_rng(3), 1)
+  assert extract_final(ex.answer) == ex.target[::-1]
 
 
 def test_arithmetic_formats():

@@ -22,7 +22,7 @@ from dllm_jax.models import forward, get_preset, init_params
 from dllm_jax.models.lora import add_lora, has_lora
 from dllm_jax.decoding.base import DecodeOutput
 from dllm_jax.training.checkpoint import CheckpointError, TrainedModel
-from studylib import accounting, report, runner, study, verdict
+from studylib import accounting, report, router, runner, study, verdict
 from studylib import journal as journal_lib
 from studylib import models as models_lib
 
@@ -255,9 +255,10 @@ def test_default_study_calibrates_its_task_tags_on_held_out_prompts(tmp_path):
   _shrink_models(c)
   c.data.train_size, c.data.eval_size = 64, 40
   c.eval.num_prompts, c.eval.calibration_prompts, c.eval.timing_repeats = 4, 24, 1
-  c.methods = [m for m in c.methods if m["label"] in ("ar", "adaptive k=16 task tags")]
+  oracle, routed = "adaptive k=16 task tags (oracle upper bound)", "adaptive k=16 prompt router"
+  c.methods = [m for m in c.methods if m["label"] in ("ar", oracle, routed)]
   doc = study.run(c, tmp_path, log=lambda *_: None)
-  record = doc["calibration"]["adaptive k=16 task tags"]
+  record = doc["calibration"][oracle]
   tasks = {t.split(":")[0] for t in c.data.tasks.split(",")}
   assert set(record["task_modes"]) <= tasks and record["prompts"] == 24
   assert sum(record["prompts_per_task"].values()) == 24
@@ -266,10 +267,22 @@ def test_default_study_calibrates_its_task_tags_on_held_out_prompts(tmp_path):
             for m, per in record["modes"].items()}
   assert record["task_modes"] == adaptive_calibration.choose_task_modes(
       ar_accuracy, trials, tolerance=record["tolerance"])
-  row = next(r for r in doc["results"] if r["label"] == "adaptive k=16 task tags")
+  row = next(r for r in doc["results"] if r["label"] == oracle)
   assert row["setting"]["calibrated"] is True and row["setting"]["task_tags"] is True
   assert verdict.recompute(json.loads((tmp_path / "study.json").read_text())) == doc["verdict"]
-  assert "Calibration of 'adaptive k=16 task tags'" in (tmp_path / "study.md").read_text()
+  assert f"Calibration of {oracle!r}" in (tmp_path / "study.md").read_text()
+  # The router: fitted on the calibration prompts' formats; the oracle shown, never judged.
+  routed_record = doc["calibration"][routed]
+  formats = {router.prompt_format(e.prompt)
+             for e in calibration.calibration_examples(models_lib.study_data(c, tmp_path), 4,
+                                                       24)}
+  assert set(routed_record["formats"]) == formats
+  assert routed_record["task_modes"][router.UNSEEN] == "ar"
+  row = next(r for r in doc["results"] if r["label"] == routed)
+  assert row["setting"]["router"] == "prompt_format" and "task_tags" not in row["setting"]
+  claim = next(x for x in doc["verdict"]["claims"] if x["id"] == "adaptive_switching")
+  assert [x["label"] for x in claim["cells"]] == [routed]
+  assert [x["label"] for x in claim["oracle"]] == [oracle]
   # The calibration split never overlaps the evaluation prompts, and must fit the eval split.
   data = models_lib.study_data(c, tmp_path)
   held = calibration.calibration_examples(data, 4, 24)
@@ -412,5 +425,5 @@ def test_run_cells_passes_task_tags_and_times_each_task():
   assert sum(v[1] for v in timed.values()) == pytest.approx(one.wall_s)
   assert one.task_tokens_per_s("sorting") == pytest.approx(3 / timed["sorting"][1])
   table = report.per_task_table([one], baseline="ar")
-  assert "| ar | 100.0%, 1.00x | 100.0%, 1.00x |" in table
+  assert "| ar | 100.0%, 1.00x [1.00, 1.00] | 100.0%, 1.00x [1.00, 1.00] |" in table
   assert report.per_task_table([dataclasses.replace(one, per_task={"a": [1, 1]})]) == ""

@@ -133,6 +133,16 @@ def test_summary_points_ratios_and_curves():
       in text
   assert "cosine: llada cosine s=4, 90.0%" in text
   assert "even = cosine: llada even s=16, 100.0%" in text
+  # The bend of each step-counted curve: fewest forwards against most (>= 10 points: bends).
+  b = curves["llada even"]["bend"]
+  assert (b["most_forwards"], b["fewest_forwards"]) == ("llada even s=16", "llada even s=4")
+  assert b["drop_points"] == pytest.approx(20.0) and b["bends"]
+  assert b["drop_ci95"] is None  # these cells stored no per-prompt results
+  assert curves["mdm trained cosine"]["bend"]["drop_points"] == pytest.approx(60.0)
+  assert curves["d2f threshold"]["bend"] is None  # a threshold sweep, not a step count
+  assert curves["block diffusion even"]["bend"] is None  # one point
+  assert "| llada even | llada even s=16: 100.0% | llada even s=4: 80.0% | +20.0 | yes |" \
+      in text
 
 
 def test_summary_recomputes_from_the_stored_cells():
@@ -155,14 +165,16 @@ def test_plot_writes_three_panels(tmp_path):
 
 # ----------------------------------------------------------------------------- config
 
-def test_tradeoff_config_reuses_the_short_models_and_sweeps_every_schedule(tmp_path):
-  default, trade = _study_config("short"), _study_config("tradeoff")
-  # The short mode's three models are the same training runs (so their cache is loaded).
-  for name in ("ar", "mdm", "d2f"):
+def test_tradeoff_config_reuses_the_default_models_and_sweeps_every_schedule(tmp_path):
+  """On the default mode's long worked answers (G = 32), with its models."""
+  default, trade = _study_config(""), _study_config("tradeoff")
+  # The default mode's models are the same training runs (so their cache is loaded).
+  for name in ("ar", "mdm", "d2f", "ar_draft"):
     a = models_lib.training_config(default, name, tmp_path)
     b = models_lib.training_config(trade, name, tmp_path)
     assert config_lib.config_differences(config_lib.to_json(a), b) == [], name
-  assert study.default_workdir(trade) == study.default_workdir(default) == "runs/study_short"
+  assert study.default_workdir(trade) == study.default_workdir(default) == "runs/study"
+  assert trade.data.tasks == default.data.tasks
   # The drafter: the AR recipe at a smaller width; the schedule MDMs: the MDM recipe with
   # their alpha(t), all at the same steps and seed.
   draft = models_lib.training_config(trade, "ar_draft", tmp_path)
@@ -187,7 +199,7 @@ def test_tradeoff_config_reuses_the_short_models_and_sweeps_every_schedule(tmp_p
   curves = {}
   for m in trade.methods:
     curves.setdefault(m["curve"], []).append(m)
-  for family, k, key in (("llada", 16, "steps"), ("block diffusion", 4, "steps_per_block")):
+  for family, k, key in (("llada", 32, "steps"), ("block diffusion", 16, "steps_per_block")):
     for schedule in unmasking.SCHEDULES:
       cells = curves[f"{family} {schedule}"]
       if schedule == "entropy_bound":
@@ -215,7 +227,9 @@ def test_training_order_puts_a_started_model_after_its_source(monkeypatch):
   """A model of STARTS_FROM trains right after its source whatever the key order (the
   default mode's bd_draft after ar_draft; a ConfigDict lists its keys sorted)."""
   default = _study_config("")
-  assert models_lib.training_order(default) == ["ar", "mdm", "d2f", "ar_draft", "bd_draft"]
+  assert models_lib.training_order(default) == ["ar", "mdm", "d2f", "ar_draft", "bd_draft",
+                                                "selfspec"]
+  assert models_lib.init_source(default, "selfspec") == "ar"
   assert models_lib.init_source(default, "bd_draft") == "ar_draft"
   monkeypatch.setitem(models_lib.STARTS_FROM, "a_child", "z_source")
   fake = config_dict.ConfigDict({"models": {"a_child": {}, "ar": {}, "z_source": {}}})

@@ -51,12 +51,12 @@ def test_every_claim_is_named_with_its_figure_and_split():
   c = claims(scenario())
   assert list(c) == [x.id for x in verdict.CLAIMS] == [
       "d2f_vs_ar", "d2f_vs_llada_10x", "d2f_vs_llada_50x", "fast_dllm_vs_llada",
-      "lossless_hybrid", "adaptive_switching"]
+      "lossless_hybrid", "self_speculation", "adaptive_switching"]
   assert {k: x["status"] for k, x in c.items()} == {
       "d2f_vs_ar": "met", "d2f_vs_llada_10x": "met",
-      "d2f_vs_llada_50x": "not measurable here",  # 32 LLaDA forwards: ceiling 32x < 50x
+      "d2f_vs_llada_50x": "not met",  # 32 LLaDA forwards: even one forward gives 32x
       "fast_dllm_vs_llada": "not met", "lossless_hybrid": "met",
-      "adaptive_switching": "not measured"}
+      "self_speculation": "not measured", "adaptive_switching": "not measured"}
   ar = c["d2f_vs_ar"]
   assert [x["label"] for x in ar["cells"]] == ["d2f good", "d2f fast"]  # batch 1 only
   fig = ar["figure"]
@@ -69,9 +69,10 @@ def test_every_claim_is_named_with_its_figure_and_split():
   assert ar["threshold"]["speedup"] == 2.5 and ar["threshold"]["accuracy_tolerance_points"] == 2
   assert c["d2f_vs_llada_10x"]["figure"]["speedup"] == pytest.approx(1000 / 30)
   assert c["d2f_vs_llada_10x"]["gen_length"] == 32  # LLaDA's G is named
-  fifty = c["d2f_vs_llada_50x"]
-  assert fifty["deciding_factor"] == {"name": "one_forward_ceiling", "value": 32.0}
-  assert "needs only 32.0 forwards" in fifty["reason"]
+  fifty = c["d2f_vs_llada_50x"]  # measured, and the projection printed beside it
+  assert fifty["deciding_factor"] == {"name": "speedup", "value": pytest.approx(1000 / 30)}
+  assert fifty["projection"]["one_forward_ceiling"] == 32.0
+  assert not fifty["projection"]["reaches_threshold"]
   fast = c["fast_dllm_vs_llada"]  # 20x; even at equal forward cost only 320/60 = 5.3x
   assert fast["figure"]["speedup"] == pytest.approx(20.0)
   assert fast["deciding_factor"]["name"] == "speedup"
@@ -86,16 +87,21 @@ def test_every_claim_is_named_with_its_figure_and_split():
 
 def test_d2f_vs_ar_flips_at_its_speed_threshold():
   """At 4.0 s D2F runs exactly 2.5x AR. At 4.1 s it runs 2.44x, yet with 7.75x fewer
-  forwards: on a CPU the wider forward's cost decides it (not measurable here, with that
-  cost ratio); on another platform it is simply not met."""
+  forwards: not met on every platform (one rule, on the measured tokens/s); the equal-cost
+  projection (7.75x) is printed beside it as a projection, with the cost ratio."""
   assert claims(scenario(**{"d2f good": {"wall_s": 4.0}}))["d2f_vs_ar"]["status"] == "met"
-  c = claims(scenario(**{"d2f good": {"wall_s": 4.1}}))["d2f_vs_ar"]
-  assert c["status"] == "not measurable here"
-  assert c["deciding_factor"]["name"] == "forward_cost_ratio"
-  assert c["deciding_factor"]["value"] == pytest.approx((4.1 / 400) / (10.0 / 3100))
-  other = claims(scenario(**{"d2f good": {"wall_s": 4.1}}), platform="gpu")["d2f_vs_ar"]
-  assert other["status"] == "not met" and other["deciding_factor"]["name"] == "speedup"
-  assert other["figure"]["speedup"] == pytest.approx(3000 / 4.1 / 300)
+  for platform in ("cpu", "gpu"):
+    c = claims(scenario(**{"d2f good": {"wall_s": 4.1}}), platform=platform)["d2f_vs_ar"]
+    assert c["status"] == "not met" and c["deciding_factor"]["name"] == "speedup"
+    assert c["figure"]["speedup"] == pytest.approx(3000 / 4.1 / 300)
+    p = c["projection"]
+    assert p["label"] == "d2f good" and p["reaches_threshold"]
+    assert p["speedup_at_equal_forward_cost"] == pytest.approx(3100 / 400)
+    assert p["forward_cost_ratio"] == pytest.approx((4.1 / 400) / (10.0 / 3100))
+  text = verdict.verdict_text(verdict.judge(scenario(**{"d2f good": {"wall_s": 4.1}}),
+                                            task=TASK, llada_label=LLADA))
+  assert "projection, not a measurement: at equal cost per forward d2f good would run 7.75x" \
+      in text
 
 
 def test_d2f_vs_ar_not_met_when_the_forwards_alone_miss():
@@ -127,7 +133,7 @@ def test_vs_llada_claims_flip_at_ten_and_fifty():
   long_llada = {"nfe": 6400, "wall_s": 200.0, "setting": {"gen_length": 64, "steps": 64}}
   slow = {"wall_s": 5.0, "nfe": 100, "loop_steps": 100}  # 40x, but 64x fewer forwards
   c = claims(scenario(**{LLADA: long_llada, "d2f good": slow}))["d2f_vs_llada_50x"]
-  assert c["status"] == "not measurable here"
+  assert c["status"] == "not met" and c["projection"]["reaches_threshold"]
   assert c["figure"]["speedup"] == pytest.approx(40.0)
   assert c["figure"]["speedup_at_equal_forward_cost"] == pytest.approx(64.0)
   c = claims(scenario(**{LLADA: long_llada, "d2f good": {"wall_s": 1.2}}))["d2f_vs_llada_50x"]
@@ -204,17 +210,19 @@ def test_lossless_hybrid_needs_exact_accuracy_tokens_per_verifier_forward_and_sp
   assert c["status"] == "not met"  # 4.99 tokens per verifier forward
   c = claims(scenario(**{"spec k=8": {"wall_s": 10.0 / 1.2}}))["lossless_hybrid"]
   assert c["status"] == "met" and c["figure"]["speedup"] == pytest.approx(1.2)
-  slow = {"spec k=8": {"wall_s": 9.0}}  # 1.11x, yet 3.1x fewer forwards
-  assert claims(scenario(**slow))["lossless_hybrid"]["status"] == "not measurable here"
+  slow = {"spec k=8": {"wall_s": 9.0}}  # 1.11x, yet 3.1x fewer forwards: not met anywhere
+  assert claims(scenario(**slow))["lossless_hybrid"]["status"] == "not met"
   assert claims(scenario(**slow), platform="gpu")["lossless_hybrid"]["status"] == "not met"
-  # Short answers: 2.5 response tokens a prompt can never make 5 per verifier forward.
+  # Short answers: 2.5 response tokens a prompt never make 5 per verifier forward: not met.
   short = {label: {"response_tokens": 250} for label in ("ar", "spec k=8")}
   c = claims(scenario(**short))["lossless_hybrid"]
-  assert c["status"] == "not measurable here"
-  assert c["deciding_factor"] == {"name": "response_tokens_per_prompt", "value": 2.5}
-  # A draft of 3 tokens commits at most 4 per verifier forward.
+  assert c["status"] == "not met"
+  assert c["deciding_factor"] == {"name": "tokens_per_verifier_forward", "value": 0.5}
+  # A draft of 3 tokens commits at most 4 per verifier forward (3.75 here): not met.
   c = claims(scenario(**{"spec k=8": {"setting": {"draft_length": 3}, "loop_steps": 800}}))
-  assert c["lossless_hybrid"]["deciding_factor"] == {"name": "max_draft_length", "value": 3}
+  assert c["lossless_hybrid"]["status"] == "not met"
+  assert c["lossless_hybrid"]["deciding_factor"] == {"name": "tokens_per_verifier_forward",
+                                                     "value": 3.75}
 
 
 def mixed(adaptive_correct=89, adaptive_wall=5.0, d2f_correct=80, platform="cpu"):
@@ -228,17 +236,39 @@ def mixed(adaptive_correct=89, adaptive_wall=5.0, d2f_correct=80, platform="cpu"
   return claims(rows, platform=platform)["adaptive_switching"]
 
 
-def test_adaptive_switching_flips_on_accuracy_speed_and_its_premise():
+def test_adaptive_switching_flips_on_accuracy_and_speed_and_names_its_premise():
   c = mixed()
   assert c["status"] == "met" and c["accuracy_on"] == "all tasks"
   assert c["premise"] == {"best_d2f_label": "d2f", "best_d2f_accuracy_delta_points": -10.0}
+  assert "> 5: switching has something to rescue" in c["reason"]
   assert mixed(adaptive_correct=88)["status"] == "not met"
-  assert mixed(adaptive_wall=10.0, platform="gpu")["status"] == "not met"  # not faster
-  assert mixed(adaptive_wall=10.0)["status"] == "not measurable here"  # 1.55x fewer forwards
-  c = mixed(d2f_correct=85)  # D2F alone loses exactly 5: nothing to rescue
-  assert c["status"] == "not measurable here"
-  assert c["deciding_factor"] == {"name": "best_d2f_accuracy_delta_points", "value": -5.0}
-  assert mixed(d2f_correct=84)["status"] == "met"
+  for platform in ("gpu", "cpu"):  # not faster (1.55x fewer forwards: a projection only)
+    assert mixed(adaptive_wall=10.0, platform=platform)["status"] == "not met"
+  c = mixed(d2f_correct=85)  # D2F alone loses exactly 5: the premise fails, and says so
+  assert c["status"] == "met"
+  assert "D2F alone loses 5.0 points at best (d2f), not > 5" in c["reason"]
+
+
+def test_self_speculation_is_judged_against_its_own_ar_decode():
+  """Exact against the same network's AR decode, >= 2 tokens per forward (one forward a
+  round: loop steps), faster than that decode; the study's AR is not its baseline."""
+  def rows(**spec):
+    own = cell(verdict.SELFSPEC_AR_LABEL, "ar", 88, 3000, 3100, 10.0)
+    fields = {"num_correct": 88, "per_task": {TASK: [88, N]}, **spec}
+    return scenario() + [own, dataclasses.replace(
+        cell("selfspec k=4", "selfspec", 88, 3000, 1000, 5.0, loop_steps=1000,
+             setting={"draft_length": 4}), **fields)]
+  c = claims(rows())["self_speculation"]
+  assert c["status"] == "met" and c["baseline"] == verdict.SELFSPEC_AR_LABEL
+  assert c["figure"]["tokens_per_verifier_forward"] == 3.0
+  assert c["figure"]["speedup"] == pytest.approx(2.0)
+  c = claims(rows(num_correct=87, per_task={TASK: [87, N]}))["self_speculation"]
+  assert c["status"] == "not met"  # not its AR decode's answers
+  c = claims(rows(loop_steps=1600, nfe=1600))["self_speculation"]
+  assert c["status"] == "not met" and c["deciding_factor"]["name"] == "tokens_per_verifier_forward"
+  c = claims(rows(wall_s=10.0))["self_speculation"]
+  assert c["status"] == "not met" and c["deciding_factor"]["name"] == "speedup"
+  assert claims(scenario())["self_speculation"]["status"] == "not measured"
 
 
 def test_absent_cells_are_not_measured_never_a_crash():
@@ -279,36 +309,30 @@ def long_generation(d2f32_wall=2.5, llada_g=192):
   ]
 
 
-def test_d2f_pipeline_ceiling_bounds_the_llada_claims_at_equal_forward_cost():
+def test_d2f_pipeline_ceiling_is_part_of_the_projection_never_the_status():
   """One block of k is appended per forward, so D2F commits at most k tokens a forward: at
   G = 192 with 160-token answers, k = 32 reaches at most 32 * 192 / 160 = 38.4x vanilla
-  LLaDA at equal cost per forward. Off a CPU the 50x claim is then not measurable (whatever
-  the model); on a CPU it is still judged, since a cheaper forward can carry a cell past
-  the ceiling, and a cell that does meets it. At G = 256 the ceiling is 51.2x: judged (and
-  not met: LLaDA's time is held, so k = 32 is still 40x)."""
-  c = claims(long_generation(), platform="gpu")
-  cells = {x["label"]: x for x in c["d2f_vs_llada_50x"]["cells"]}
-  assert cells["d2f k=16"]["pipeline_ceiling"] == pytest.approx(19.2)
-  assert cells["d2f k=32"]["pipeline_ceiling"] == pytest.approx(38.4)
-  for x in cells.values():
-    assert x["speedup_at_equal_forward_cost"] <= x["pipeline_ceiling"]
-  fifty = c["d2f_vs_llada_50x"]
-  assert fifty["status"] == "not measurable here"
-  assert fifty["deciding_factor"]["name"] == "pipeline_ceiling"
-  assert fifty["deciding_factor"]["value"] == pytest.approx(38.4)
-  assert "(k=32: d2f k=32) reaches at most 38.40x" in fifty["reason"]
-  assert c["d2f_vs_llada_10x"]["status"] == "met"  # 40x: the ceiling does not bind at 10x
+  LLaDA at equal cost per forward. The projection says so; the status is the measurement's on
+  every platform: 40x (cheap forwards) is not met, 62.5x is met."""
+  for platform in ("gpu", "cpu"):
+    c = claims(long_generation(), platform=platform)
+    cells = {x["label"]: x for x in c["d2f_vs_llada_50x"]["cells"]}
+    assert cells["d2f k=16"]["pipeline_ceiling"] == pytest.approx(19.2)
+    assert cells["d2f k=32"]["pipeline_ceiling"] == pytest.approx(38.4)
+    for x in cells.values():
+      assert x["speedup_at_equal_forward_cost"] <= x["pipeline_ceiling"]
+    fifty = c["d2f_vs_llada_50x"]
+    assert fifty["status"] == "not met" and fifty["deciding_factor"]["name"] == "speedup"
+    assert fifty["projection"]["pipeline_ceiling"] == pytest.approx(38.4)
+    assert fifty["projection"]["pipeline_block_length"] == 32
+    assert c["d2f_vs_llada_10x"]["status"] == "met"  # 40x: the ceiling does not bind at 10x
   against_ar = {x["label"]: x["pipeline_ceiling"] for x in c["d2f_vs_ar"]["cells"]}
   assert against_ar == pytest.approx({"d2f k=16": 16 * 161 / 160, "d2f k=32": 32 * 161 / 160})
-  cpu = claims(long_generation())["d2f_vs_llada_50x"]
-  assert cpu["status"] == "not met" and cpu["deciding_factor"]["name"] == "speedup"
-  assert "only a forward cheaper than" in cpu["reason"]
-  met = claims(long_generation(d2f32_wall=1.6))["d2f_vs_llada_50x"]  # 62.5x on cheap forwards
-  assert met["status"] == "met" and met["figure"]["label"] == "d2f k=32"
-  longer = claims(long_generation(llada_g=256), platform="gpu")["d2f_vs_llada_50x"]
-  assert longer["status"] == "not met" and "at most" not in longer["reason"]
+  met = claims(long_generation(d2f32_wall=1.6), platform="gpu")["d2f_vs_llada_50x"]
+  assert met["status"] == "met" and met["figure"]["label"] == "d2f k=32"  # 62.5x measured
   text = verdict.verdict_text(verdict.judge(long_generation(), task=TASK, llada_label=LLADA))
   assert "at most 38.40x at equal cost (one block a forward)" in text
+  assert "one D2F block a forward bounds it at 38.40x (k=32, G=192)" in text
 
 
 def test_stored_verdict_recomputes_from_the_stored_cells():

@@ -14,6 +14,7 @@ string match with `target`; `between` accepts any integer in range, so always sc
 
 Tasks (difficulty levels 1..5 each):
   arithmetic   +, - and * of multi-digit numbers, with left-to-right and place-value steps
+  arithmetic_reversed  the same problems, the final result written units digit first
   long_addition  addition worked column by column with carries: long answers (up to 81 chars)
   addition_sheet  lettered additions, each restated and worked so: very long answers (159-163
                characters at level 3)
@@ -153,6 +154,34 @@ class Arithmetic(Task):
     # after reducing k operands the value has at most ndigits(k * (10**d - 1)) digits and a sign
     steps = [_ndigits(k * (10**d - 1)) + 1 + (n - k) * (d + 1) for k in range(2, n + 1)]
     return sum(steps) + len(steps) - 1
+
+
+class ArithmeticReversed(Arithmetic):
+  """`arithmetic` with its final result written units digit first: `37+48=58` for 85.
+
+  The same prompts, steps and target (the true result); only the last number of the answer
+  is reversed (a sign stays in front: -45 is written `-54`), and `score` reads it back. Why it is here: a causal model writing 85 must know the carry of 7+8 before its
+  first digit; written units first, each digit depends on the digits before it only, as in
+  `long_addition`'s columns, so a small AR model learns it in the mixed suite's budget.
+  """
+
+  name = "arithmetic_reversed"
+
+  def _generate(self, rng, difficulty):
+    prompt, answer, target = super()._generate(rng, difficulty)
+    head, _, _ = answer.rpartition("=")
+    final = reverse_digits(target)
+    return prompt, f"{head}={final}" if head else final, target
+
+  def score(self, prediction: str, example: Example) -> bool:
+    return reverse_digits(extract_final(prediction)) == example.target
+
+
+def reverse_digits(number: str) -> str:
+  """`"85"` -> `"58"`, `"-45"` -> `"-54"`: the digits reversed, a leading sign kept (its own
+  inverse)."""
+  sign = "-" if number.startswith("-") else ""
+  return sign + number[len(sign):][::-1]
 
 
 class Sorting(Task):
@@ -325,7 +354,8 @@ class AdditionSheet(Task):
     return problems * line + problems - 1  # and the newlines between lines
 
 
-TASKS: Mapping[str, Task] = {t.name: t for t in (Arithmetic(), LongAddition(), AdditionSheet(),
+TASKS: Mapping[str, Task] = {t.name: t for t in (Arithmetic(), ArithmeticReversed(),
+                                                 LongAddition(), AdditionSheet(),
                                                  Sorting(), RunningSum(), Between())}
 
 

@@ -45,6 +45,12 @@ class MethodResult:
   # batches whose real rows are all of that task (every batch at batch size 1): each task's
   # own speed, timed as wall_s is (documents written before loop_steps was added have 5).
   per_task_time: dict = dataclasses.field(default_factory=dict)
+  # Each prompt in decoding order: {"task": [...], "correct": [0/1...], "tokens": [...]};
+  # each timed batch: {"rows": prompts, "wall_s", "wall_median_s", "forwards", "steps"}. At
+  # batch 1 a batch is a prompt. The paired bootstrap intervals (intervals.py) resample them.
+  # Absent ({}) from documents written before them.
+  per_prompt: dict = dataclasses.field(default_factory=dict)
+  per_batch: dict = dataclasses.field(default_factory=dict)
 
   @classmethod
   def from_json(cls, row: dict) -> "MethodResult":
@@ -119,6 +125,17 @@ class Tally:
       r.per_task_time[task] = [old[0] + int(np.sum(lengths)), old[1] + float(wall_s),
                                old[2] + int(nfe), old[3] + median, old[4] + real_rows,
                                old[5] + int(steps)]
+    hits = [int(bool(c)) for c in list(correct)[:real_rows]]
+    names = [str(t) for t in tasks[:real_rows]]
+    names += [""] * (real_rows - len(names))  # a tally given no task names
+    for key, values in (("task", names), ("correct", hits),
+                        ("tokens", [int(x) for x in lengths])):
+      r.per_prompt.setdefault(key, []).extend(values)
+    for key, value in (("rows", int(real_rows)), ("wall_s", float(wall_s)),
+                       ("wall_median_s", float(wall_s if wall_median_s is None
+                                               else wall_median_s)),
+                       ("forwards", int(nfe)), ("steps", int(steps))):
+      r.per_batch.setdefault(key, []).append(value)
     r.num_prompts += real_rows
     r.num_correct += int(np.sum(np.asarray(correct, bool)[:real_rows]))
     r.response_tokens += int(np.sum(lengths))
@@ -220,7 +237,8 @@ _RESULT_FIELDS = {
     "latency_per_prompt_s": float, "nfe_per_prompt": float, "tokens_per_forward": float,
     "per_task": dict, "wall_median_s": float, "tokens_per_s_median": float,
 }
-_OPTIONAL_FIELDS = {"per_task_time": dict}  # absent from documents written before it
+# absent from documents written before them
+_OPTIONAL_FIELDS = {"per_task_time": dict, "per_prompt": dict, "per_batch": dict}
 
 
 def validate_json(doc: dict) -> None:

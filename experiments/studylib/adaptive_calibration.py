@@ -145,22 +145,24 @@ def select(trials: Sequence[Trial], ar_accuracy: float, tolerance: float) -> Tri
 
 def choose_task_modes(ar_accuracy: Mapping[str, float],
                       trials: Mapping[str, Mapping[str, Sequence[float]]], *,
-                      tolerance: float = 0.0) -> dict[str, str]:
+                      tolerance: float = 0.0,
+                      modes: Sequence[str] = CALIBRATED_MODES) -> dict[str, str]:
   """Each task's mode: the fastest whose accuracy is within `tolerance` of AR's.
 
   Args:
     ar_accuracy: {task: AR's accuracy on that task's calibration prompts}.
     trials: {mode: {task: (accuracy, speed)}}, each mode forced on every prompt of the task
-      (modes of CALIBRATED_MODES); speed is any larger-is-faster figure (the study: measured response
-      tokens/s at its batch size). Modes are tried in order: the first wins a tie.
+      (modes of `modes`: CALIBRATED_MODES, or with "auto", the rule's own choice, as the
+      prompt router's, router.py); speed is any larger-is-faster figure (the study: measured
+      response tokens/s at its batch size). Modes are tried in order: the first wins a tie.
     tolerance: accuracy (a fraction) a mode may lose against AR on the task.
   Returns {task: mode} for every task of `ar_accuracy`; ValueError if a task has no trial of
   some mode, or no mode within tolerance (impossible when "ar" is a mode: it is AR).
   """
   base.check_number("tolerance", tolerance, low=0.0, high=1.0)
-  unknown = sorted(set(trials) - set(CALIBRATED_MODES))
+  unknown = sorted(set(trials) - set(modes))
   if unknown or not trials:
-    raise ValueError(f"trials must map modes of {list(CALIBRATED_MODES)} to their figures, "
+    raise ValueError(f"trials must map modes of {list(modes)} to their figures, "
                      f"got {sorted(trials)}.")
   chosen = {}
   for task in sorted(ar_accuracy):

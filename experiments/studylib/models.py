@@ -37,7 +37,7 @@ from dllm_jax.training import trainer
 ORDER = ("ar", "mdm", "d2f")  # d2f distils from mdm (and mdm may start from ar): these first
 # Models that always start from another study model's trained params (`init_source`);
 # `training_order` puts each right after its source.
-STARTS_FROM = {"d2f": "mdm", "bd_draft": "ar_draft"}
+STARTS_FROM = {"d2f": "mdm", "bd_draft": "ar_draft", "selfspec": "ar"}
 TRAIN_RECORD = "study_train.json"  # <run dir>/: the wall time and final metrics of training
 DATA_DIR = "data"  # <workdir>/data: the study's TFDS array_record files
 # Keys that choose where the records come from, not which records: a cached model trained on

@@ -13,7 +13,7 @@ MODE_FLAGS = {"--short": "configs/study.py:short", "--long": "configs/study.py:l
 # Command-line spellings absl does not know, and the flag each stands for.
 SPELLINGS = {"--dry-run": "--dry_run"}
 # Modes that share another mode's workdir (they load its trained models).
-SHARES_WORKDIR = {"tradeoff": "short"}
+SHARES_WORKDIR = {"tradeoff": ""}
 
 
 def expand_mode_flags(argv: list[str]) -> list[str]:
@@ -35,7 +35,7 @@ def expand_mode_flags(argv: list[str]) -> list[str]:
 
 def default_workdir(study_config) -> str:
   """runs/study for the default mode, runs/study_<mode> for the others; a mode that reuses
-  another's models (tradeoff: the short mode's) gets that mode's workdir."""
+  another's models (tradeoff: the default mode's) gets that mode's workdir."""
   mode = study_config.get("mode", "")
   mode = SHARES_WORKDIR.get(mode, mode)
   return f"runs/study_{mode}" if mode else "runs/study"

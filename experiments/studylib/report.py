@@ -4,26 +4,49 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from studylib import intervals as intervals_lib
 from studylib.accounting import MethodResult
 
 
 def markdown_table(results: Sequence[MethodResult], *, baseline: str | None = None) -> str:
-  """One row per cell: accuracy, tokens/s (and ratio to `baseline`'s label), latency, NFE."""
+  """One row per cell: accuracy, tokens/s (and ratio to `baseline`'s label), latency, NFE.
+  Against the baseline cell of the same batch size, the accuracy difference and the tokens/s
+  ratio carry their paired bootstrap 95% intervals over prompts ([lo, hi], intervals.py)
+  where the cells stored their per-prompt results."""
   base = {}
   if baseline is not None:
     for r in results:
       if r.label == baseline:
-        base[r.batch_size] = r.tokens_per_s
-  head = ("| method | setting | batch | accuracy | tokens/s | vs AR | latency/prompt (ms) "
-          "| NFE/prompt | tokens/forward | response tokens |")
-  lines = [head, "|" + "---|" * 10]
+        base[r.batch_size] = r
+  head = ("| method | setting | batch | accuracy | Δ accuracy vs AR (points) [95% CI] "
+          "| tokens/s | vs AR [95% CI] | latency/prompt (ms) | NFE/prompt | tokens/forward "
+          "| response tokens |")
+  lines = [head, "|" + "---|" * 11]
   for r in results:
-    ratio = r.tokens_per_s / base[r.batch_size] if base.get(r.batch_size) else float("nan")
+    delta, ratio = versus_text(r, base.get(r.batch_size))
     lines.append(
-        f"| {r.method} | {r.label} | {r.batch_size} | {100 * r.accuracy:.1f}% | "
-        f"{r.tokens_per_s:.1f} | {ratio:.2f}x | {1000 * r.latency_per_prompt_s:.1f} | "
+        f"| {r.method} | {r.label} | {r.batch_size} | {100 * r.accuracy:.1f}% | {delta} | "
+        f"{r.tokens_per_s:.1f} | {ratio} | {1000 * r.latency_per_prompt_s:.1f} | "
         f"{r.nfe_per_prompt:.1f} | {r.tokens_per_forward:.2f} | {r.response_tokens} |")
   return "\n".join(lines)
+
+
+def versus_text(r: MethodResult, base: MethodResult | None) -> tuple[str, str]:
+  """(`-1.2 [-3.1, +0.6]`, `1.23x [1.10, 1.35]`): r's accuracy difference in points and its
+  tokens/s ratio against `base`, each with its paired 95% interval where one exists."""
+  if base is None or not base.tokens_per_s:
+    return "n/a", "nan"
+  ci = intervals_lib.versus(r, base, None, None)
+  delta = 100 * (r.accuracy - base.accuracy)
+  text = f"{delta:+.1f}"
+  if ci["accuracy_delta_ci95"] is not None:
+    lo, hi = ci["accuracy_delta_ci95"]
+    text += f" [{lo:+.1f}, {hi:+.1f}]"
+  ratio = f"{r.tokens_per_s / base.tokens_per_s:.2f}x"
+  if ci["speedup_ci95"] is not None:
+    lo, hi = ci["speedup_ci95"]
+    ratio += f" [{lo:.2f}, {hi:.2f}]"
+  return text, ratio
 
 
 def per_task_table(results: Sequence[MethodResult], *, baseline: str | None = None,
@@ -39,7 +62,8 @@ def per_task_table(results: Sequence[MethodResult], *, baseline: str | None = No
   counts = {t: max(r.per_task.get(t, (0, 0))[1] for r in cells) for t in tasks}
   head = "| setting | " + " | ".join(f"{t} ({counts[t]})" for t in tasks) + " |"
   lines = [f"Per task at batch {batch_size}: accuracy, and tokens/s against "
-           f"{baseline or 'the baseline'} on the same task's prompts.", "", head,
+           f"{baseline or 'the baseline'} on the same task's prompts [paired 95% interval].",
+           "", head,
            "|" + "---|" * (len(tasks) + 1)]
   for r in cells:
     row = []
@@ -51,6 +75,9 @@ def per_task_table(results: Sequence[MethodResult], *, baseline: str | None = No
       speed, ref = r.task_tokens_per_s(t), base.task_tokens_per_s(t) if base else float("nan")
       if speed == speed and ref == ref and ref > 0:  # both timed (not nan)
         text += f", {speed / ref:.2f}x"
+        ci = intervals_lib.versus(r, base, t, t)["speedup_ci95"]
+        if ci is not None:
+          text += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
       row.append(text)
     lines.append(f"| {r.label} | " + " | ".join(row) + " |")
   return "\n".join(lines)
@@ -143,6 +170,8 @@ def pareto_plot(results: Sequence[MethodResult], path: str, *, title: str = "",
   """Accuracy against tokens/s, one point per (method, setting), one panel per batch size.
 
   Every cell is numbered (its row in the table, counted per batch size) beside its marker,
+  with bars of its bootstrap 95% intervals over prompts (accuracy and tokens/s) where it
+  stored its per-prompt results,
   and a key lists the numbers, so dense clusters stay readable. The Pareto front is a dashed
   staircase. Vertical lines mark the `baseline` cell's tokens/s and 2.5x it (the published
   D2F-over-AR ratio), and 10x the `llada_label` cell's (the published ratio over vanilla
@@ -168,6 +197,15 @@ def pareto_plot(results: Sequence[MethodResult], path: str, *, title: str = "",
       y = lo if off else acc[i - 1]
       ax.scatter([r.tokens_per_s], [y], color=colors[r.method], s=36, zorder=3,
                  marker="v" if off else "o", clip_on=False)
+      bars = intervals_lib.own(r)  # 95% intervals of the cell's accuracy and tokens/s
+      if not off and bars["accuracy_ci95"] is not None:
+        yerr = [[y - 100 * bars["accuracy_ci95"][0]], [100 * bars["accuracy_ci95"][1] - y]]
+        xerr = None
+        if bars["tokens_per_s_ci95"] is not None and bars["tokens_per_s_ci95"][0] > 0:
+          lo_x, hi_x = bars["tokens_per_s_ci95"]  # (a log axis: no bar down to 0)
+          xerr = [[r.tokens_per_s - lo_x], [hi_x - r.tokens_per_s]]
+        ax.errorbar([r.tokens_per_s], [y], yerr=yerr, xerr=xerr, color=colors[r.method],
+                    lw=0.8, capsize=2, zorder=2, alpha=0.7)
       text = f"{i} ({acc[i - 1]:.0f}%)" if off else str(i)
       # Alternate above/below (stagger the edge labels upwards), so that the numbers of
       # near-identical cells stay apart.

@@ -4,7 +4,8 @@ A *cell* of the study is (method, setting, batch size). The cells of one batch s
 together, timed so that their ratios survive a shared, noisy machine:
   1. the held-out prompts are encoded once, left-padded to one fixed length P (static shapes,
      so one compile serves every batch);
-     A cell with `task_tags` also gets each row's task name (`tasks=`, adaptive's tags);
+     A cell with `task_tags` also gets each row's task name (`tasks=`, adaptive's tags), and
+     a cell with a `tag_of` (a prompt router) each row's tag from its prompt text instead;
   2. every cell runs its first batch once untimed to compile (reported as `compile_s`);
   3. batches are timed round-robin over the cells (batch 0 of every cell, then batch 1, ...):
      a slow spell of the machine hits every cell alike instead of whichever cell ran then;
@@ -46,6 +47,8 @@ class Cell:
   setting: dict
   batch_size: int
   task_tags: bool = False  # decode(..., tasks=[each row's task name]) (adaptive's task tags)
+  # decode(..., tasks=[tag_of(each row's prompt)]): tags from the prompt text (router.py)
+  tag_of: Callable[[str], str] | None = None
 
 
 def _batches(n: int, batch_size: int) -> list[tuple[int, int]]:
@@ -89,17 +92,20 @@ def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, promp
 
   def batch(start, stop):
     idx = np.arange(start, start + batch_size) % n  # pad the last batch with repeats
-    return tokens[idx], valid[idx], [examples[i].task for i in idx], stop - start
+    return tokens[idx], valid[idx], [examples[i] for i in idx], stop - start
 
-  def call(cell, btok, bval, key, tasks):
+  def call(cell, btok, bval, key, rows):
+    if cell.tag_of is not None:
+      return cell.decode(cell.params, btok, bval, key, tasks=[cell.tag_of(ex.prompt)
+                                                               for ex in rows])
     if cell.task_tags:
-      return cell.decode(cell.params, btok, bval, key, tasks=tasks)
+      return cell.decode(cell.params, btok, bval, key, tasks=[ex.task for ex in rows])
     return cell.decode(cell.params, btok, bval, key)
 
-  tok0, val0, tasks0, _ = batch(0, min(batch_size, n))
+  tok0, val0, rows0, _ = batch(0, min(batch_size, n))
   for cell, tally in zip(cells, tallies):
     t0 = time.perf_counter()
-    jax.block_until_ready(call(cell, tok0, val0, rng, tasks0))
+    jax.block_until_ready(call(cell, tok0, val0, rng, rows0))
     tally.result.compile_s = time.perf_counter() - t0
 
   rounds = _batches(n, batch_size)
@@ -116,13 +122,13 @@ def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, promp
   for i, (start, stop) in enumerate(rounds):
     if i in restored:
       continue
-    btok, bval, btasks, real = batch(start, stop)
+    btok, bval, brows, real = batch(start, stop)
     key = jax.random.fold_in(rng, i)
     for j, (cell, tally) in enumerate(zip(cells, tallies)):
       walls = []
       for _ in range(repeats):
         t0 = time.perf_counter()
-        out = jax.device_get(call(cell, btok, bval, key, btasks))
+        out = jax.device_get(call(cell, btok, bval, key, brows))
         walls.append(time.perf_counter() - t0)
       texts = accounting.response_texts(layout.tokenizer, out.tokens, out.lengths)
       add = journal_lib.add_arguments(

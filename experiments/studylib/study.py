@@ -3,8 +3,10 @@ same held-out prompts, with accuracy, tokens/s, latency and NFE measured in one 
 
     result = run(get_config(), "runs/study")   # trains or loads, decodes, writes the report
 
-Outputs in `workdir`: `study.md` (table), `study.json` (every figure + machine + config),
-`study_pareto.png` (accuracy against tokens/s); the run's wall time sits beside its process
+Outputs in `workdir`: `study.md` (table), `study.json` (every figure + machine + config, each
+cell's per-prompt results, and `intervals`: paired bootstrap 95% intervals over prompts of
+every cell's accuracy difference and tokens/s ratio against AR, intervals.py),
+`study_pareto.png` (accuracy against tokens/s, with each cell's interval bars); the run's wall time sits beside its process
 CPU time and the host's steal (`study.json["host"]`, hostclock.py), since on a shared VM the
 wall time also measures the neighbours. The verdict on every published claim (D2F
 against AR and vanilla LLaDA, Fast-dLLM, the lossless hybrid, adaptive switching) is computed
@@ -37,6 +39,8 @@ from dllm_jax.training import data as data_lib
 from studylib import accounting, models as models_lib, report, roofline, runner
 from studylib import calibration as calibration_lib
 from studylib import hostclock
+from studylib import intervals as intervals_lib
+from studylib import router as router_lib
 from studylib import journal as journal_lib
 # Re-exported: the command line's mode flags (JAX-free, so the script parses them first).
 from studylib.modes import MODE_FLAGS, default_workdir, expand_mode_flags  # noqa: F401
@@ -97,6 +101,11 @@ def bind_cell(cell: dict, trained: dict, gen_length: int):
                      f"only, not {method!r}.")
   if cell.get("task_tags"):
     setting["task_tags"] = True
+  if cell.get("router"):
+    if method not in TASK_TAGGED or cell.get("task_tags"):
+      raise ValueError(f"cell {cell['label']!r}: a router tags the rows of an "
+                       f"{list(TASK_TAGGED)} cell in place of task tags, not beside them.")
+    setting["router"] = cell["router"]
   if cell.get("calibrate"):
     setting["calibrated"] = True
   for key in ("curve", "knob"):  # the trade-off mode's curve and swept option
@@ -185,8 +194,9 @@ def check_config(study_config) -> None:
 
 def runner_cell(cell: dict, trained: dict, gen_length: int, batch_size: int) -> runner.Cell:
   decode, params, setting = bind_cell(cell, trained, gen_length)
+  tag_of = router_lib.Router(dict(cell["route"])).tag if cell.get("route") else None
   return runner.Cell(decode, params, cell["method"], cell["label"], setting, batch_size,
-                     task_tags=bool(cell.get("task_tags")))
+                     task_tags=bool(cell.get("task_tags")), tag_of=tag_of)
 
 
 class Decoded(NamedTuple):
@@ -302,7 +312,8 @@ def run(study_config, workdir, *, log=print) -> dict:
   bound = ar_roofline(results, trained, bandwidth=bandwidth)
   doc = accounting.results_json(
       results, machine=machine, config=json.loads(study_config.to_json()),
-      extra={"verdict": v, "roofline": bound, "gen_length": gen_length, "prompt_len": layout.prompt_len,
+      extra={"verdict": v, "intervals": intervals_lib.table(results, "ar"), "roofline": bound,
+             "gen_length": gen_length, "prompt_len": layout.prompt_len,
              "num_prompts": len(examples), "train_or_load_s": decoded.train_s,
              "training": training, "calibration": calibration,
              "decode_restored_rounds": _restored_json(decoded), **_clock_figures(clock)})
@@ -344,6 +355,7 @@ def run_tradeoff(study_config, workdir, *, log=print) -> dict:
   doc = accounting.results_json(
       results, machine=machine, config=config,
       extra={"training": training, "tradeoff": summary, "verdict": v,
+             "intervals": intervals_lib.table(results, "ar"),
              "gen_length": layout.seq_len - layout.prompt_len,
              "prompt_len": layout.prompt_len, "num_prompts": len(examples),
              "train_or_load_s": decoded.train_s,

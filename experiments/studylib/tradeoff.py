@@ -18,6 +18,10 @@ measured cells alone this module computes, per curve:
     accuracy in percent, y_max the most accurate cell of the run (AR's, usually). A curve
     that keeps its accuracy while its TPF grows scores high; one that buys TPF with accuracy
     is penalised by W. Hardware-free, like TPF.
+  * each point's bootstrap 95% interval over prompts (accuracy, tokens/s and its ratio to
+    AR's: intervals.py), and for each step-counted curve its *bend*: the accuracy at its
+    fewest forwards against its most, the drop with its paired interval (a curve bends when
+    fewer steps cost at least BEND_POINTS points);
 and, per decoder family (LLaDA, block diffusion) and over both, the most accurate cell within
 each forward budget (forwards per prompt <= budget): which schedule wins at that budget.
 The training-schedule rows put each MDM's training wall time and masked-token eval accuracy
@@ -35,11 +39,14 @@ import math
 from collections.abc import Sequence
 
 from dllm_jax.decoding.unmasking import SCHEDULES
+from studylib import intervals as intervals_lib
 from studylib.accounting import MethodResult
 
 AUP_ALPHA = 3.0   # the quality penalty's rate (d3LLM's default)
 AUP_OFFSET = 5.0  # points below the first point's accuracy that a curve may fall and count
 FAMILIES = ("llada", "block diffusion")  # the decoders compared across unmasking schedules
+STEP_KNOBS = ("steps", "steps_per_block")  # the curves whose bend (fewest vs most) is shown
+BEND_POINTS = 10.0  # a curve bends when its fewest forwards lose at least this many points
 
 
 def aup(points: Sequence[tuple[float, float]], y_max: float, *, alpha: float = AUP_ALPHA,
@@ -73,13 +80,34 @@ def _ratio(a: float, b: float | None) -> float | None:
 
 def _point(r: MethodResult, ar: MethodResult | None, fast_ar: MethodResult | None) -> dict:
   knob = r.setting.get("knob")
+  own = intervals_lib.own(r)
   return {"label": r.label, "knob_value": r.setting.get(knob) if knob else None,
-          "accuracy": r.accuracy, "num_correct": r.num_correct,
+          "accuracy": r.accuracy, "accuracy_ci95": own["accuracy_ci95"],
+          "num_correct": r.num_correct,
           "nfe_per_prompt": r.nfe_per_prompt, "tokens_per_forward": r.tokens_per_forward,
-          "tokens_per_s": r.tokens_per_s,
+          "tokens_per_s": r.tokens_per_s, "tokens_per_s_ci95": own["tokens_per_s_ci95"],
           "speedup_vs_ar": _ratio(r.tokens_per_s, ar.tokens_per_s if ar else None),
+          "speedup_vs_ar_ci95": (None if ar is None else
+                                 intervals_lib.versus(r, ar, None, None)["speedup_ci95"]),
           "speedup_vs_accelerated_ar": _ratio(r.tokens_per_s,
                                               fast_ar.tokens_per_s if fast_ar else None)}
+
+
+def bend(curve: str, members: Sequence[MethodResult]) -> dict | None:
+  """Whether a step-counted curve bends: its accuracy at the fewest forwards per prompt
+  against its accuracy at the most, in points, with the paired 95% interval of that drop over
+  the same prompts; `bends` when the drop is at least BEND_POINTS. None for a curve of one
+  point."""
+  if len(members) < 2:
+    return None
+  few = min(members, key=lambda r: (r.nfe_per_prompt, r.label))
+  most = max(members, key=lambda r: (r.nfe_per_prompt, r.label))
+  drop = 100.0 * (most.accuracy - few.accuracy)
+  ci = intervals_lib.versus(few, most, None, None)["accuracy_delta_ci95"]
+  return {"curve": curve, "most_forwards": most.label, "fewest_forwards": few.label,
+          "most_forwards_accuracy": most.accuracy, "fewest_forwards_accuracy": few.accuracy,
+          "drop_points": drop, "drop_ci95": None if ci is None else [-ci[1], -ci[0]],
+          "bends": drop >= BEND_POINTS}
 
 
 def best_by_budget(curves: Sequence[dict], budgets: Sequence[float]) -> list[dict]:
@@ -124,7 +152,9 @@ def summarize(results: Sequence[MethodResult], *, config: dict, training: dict) 
     curves.append({"curve": name, "family": family, "schedule": schedule,
                    "method": members[0].method, "model": members[0].setting.get("model"),
                    "knob": members[0].setting.get("knob"), "points": points,
-                   "aup": aup(tpf, y_max) if tpf and y_max > 0 else None})
+                   "aup": aup(tpf, y_max) if tpf and y_max > 0 else None,
+                   "bend": (bend(name, members) if members[0].setting.get("knob") in STEP_KNOBS
+                            else None)})
   t = config["tradeoff"]
   g = max((int(r.setting.get("gen_length", 0)) for r in cells), default=0)
   budgets = sorted({g // d for d in t["steps_divisors"] if g and g % d == 0})
@@ -180,15 +210,18 @@ def summary_text(s: dict) -> str:
   """Markdown: every curve's points, the AUP per curve, the best schedule per budget and the
   training schedules."""
   lines = [f"Trade-off curves at batch {s['batch_size']} (x AR and x spec AR: tokens/s "
-           "against plain AR and against speculative AR with the narrow AR drafter).", "",
-           "| curve | cell | accuracy | NFE/prompt | tokens/forward | tokens/s | x AR "
+           "against plain AR and against speculative AR with the narrow AR drafter; accuracy "
+           "with its bootstrap 95% interval over prompts).", "",
+           "| curve | cell | accuracy [95% CI] | NFE/prompt | tokens/forward | tokens/s | x AR "
            "| x spec AR |", "|" + "---|" * 8]
   refs = [("reference", s["reference"][k]) for k in ("ar", "accelerated_ar") if
           s["reference"][k]]
   rows = refs + [(c["curve"], p) for c in s["curves"] for p in c["points"]
                  if c["curve"] not in ("ar", "speculative ar")]
   for curve, p in rows:
-    lines.append(f"| {curve} | {p['label']} | {100 * p['accuracy']:.1f}% | "
+    acc = p.get("accuracy_ci95")
+    ci = "" if acc is None else f" [{100 * acc[0]:.1f}, {100 * acc[1]:.1f}]"
+    lines.append(f"| {curve} | {p['label']} | {100 * p['accuracy']:.1f}%{ci} | "
                  f"{p['nfe_per_prompt']:.2f} | {p['tokens_per_forward']:.2f} | "
                  f"{p['tokens_per_s']:.1f} | {_f(p['speedup_vs_ar'], '.2f')}x | "
                  f"{_f(p['speedup_vs_accelerated_ar'], '.2f')}x |")
@@ -203,6 +236,19 @@ def summary_text(s: dict) -> str:
                  f"{max(p['tokens_per_forward'] for p in c['points']):.2f} | "
                  f"{_f(best('speedup_vs_ar'), '.2f')}x | "
                  f"{_f(best('speedup_vs_accelerated_ar'), '.2f')}x |")
+  bends = [c["bend"] for c in s["curves"] if c.get("bend")]
+  if bends:
+    lines += ["", f"Does each step-counted curve bend? Accuracy at its fewest forwards against "
+              f"its most, the drop with its paired 95% interval (bends: >= {BEND_POINTS:g} "
+              "points):", "", "| curve | most forwards | fewest forwards | drop (points) "
+              "[95% CI] | bends |", "|---|---|---|---|---|"]
+    for b in bends:
+      ci = "" if b["drop_ci95"] is None else (f" [{b['drop_ci95'][0]:+.1f}, "
+                                              f"{b['drop_ci95'][1]:+.1f}]")
+      lines.append(f"| {b['curve']} | {b['most_forwards']}: "
+                   f"{100 * b['most_forwards_accuracy']:.1f}% | {b['fewest_forwards']}: "
+                   f"{100 * b['fewest_forwards_accuracy']:.1f}% | {b['drop_points']:+.1f}{ci} | "
+                   f"{'yes' if b['bends'] else 'no'} |")
   families = list(s["best_by_budget"])
   lines += ["", "Most accurate cell within each budget of forwards per prompt (its schedule):",
             "", "| budget | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
@@ -261,6 +307,12 @@ def plot(s: dict, path: str, *, title: str = "") -> None:
       ax.plot([p[x] for p in pts], [100 * p["accuracy"] for p in pts], marker="o", ms=3.5,
               color=color, ls="-" if i == 2 else styles.get(c["schedule"], "-."),
               label=c["curve"] + (f" (AUP {c['aup']:.0f})" if c["aup"] is not None else ""))
+      bars = [p for p in pts if p.get("accuracy_ci95")]  # each point's 95% interval
+      if bars:
+        ax.errorbar([p[x] for p in bars], [100 * p["accuracy"] for p in bars],
+                    yerr=[[100 * (p["accuracy"] - p["accuracy_ci95"][0]) for p in bars],
+                          [100 * (p["accuracy_ci95"][1] - p["accuracy"]) for p in bars]],
+                    fmt="none", ecolor=color, elinewidth=0.7, capsize=1.5, alpha=0.6)
     for ref, marker, name in ((ar, "*", "AR"), (fast_ar, "D", "speculative AR")):
       if ref is not None:
         ax.scatter([ref[x]], [100 * ref["accuracy"]], marker=marker, s=90, color="k",
