@@ -369,18 +369,24 @@ def _is_user_error(error: BaseException) -> bool:
   return checkpoint is not None and isinstance(error, checkpoint.CheckpointError)
 
 
-def main(argv=None) -> int:
-  args = build_parser().parse_args(argv)
+def run_reporting_user_errors(run_fn, args) -> int:
+  """`run_fn(args)`; a user's mistake (`_is_user_error`) prints one `error:` line and returns
+  2, anything else raises (`args.debug`: the user's mistake raises too, with its traceback).
+  The CLIs' shared exit path (this one's and `dllm_jax.serve`'s)."""
   if args.debug:
-    return run(args)
+    return run_fn(args)
   try:
-    return run(args)
+    return run_fn(args)
   except Exception as e:  # noqa: BLE001 (re-raised unless it is the user's mistake)
     if not _is_user_error(e):
       raise
     message = e.args[0] if isinstance(e, KeyError) and e.args else e
     print("error: " + " ".join(str(message).split()), file=sys.stderr)  # one line
     return 2
+
+
+def main(argv=None) -> int:
+  return run_reporting_user_errors(run, build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

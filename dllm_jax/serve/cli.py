@@ -25,8 +25,8 @@ import os
 import sys
 
 from dllm_jax.decoding import registry
-from dllm_jax.generate import DEFAULT_GEN_LENGTH, UsageError, _is_user_error, _mesh_shape, \
-    parse_value
+from dllm_jax.generate import (DEFAULT_GEN_LENGTH, UsageError, _mesh_shape, parse_value,
+                               run_reporting_user_errors)
 
 API_KEY_ENV = "DLLM_JAX_API_KEY"
 DEFAULT_MAX_PROMPT = 512
@@ -215,14 +215,4 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-  args = build_parser().parse_args(argv)
-  if args.debug:
-    return run(args)
-  try:
-    return run(args)
-  except Exception as e:  # noqa: BLE001 (re-raised unless it is the user's mistake)
-    if not _is_user_error(e):
-      raise
-    message = e.args[0] if isinstance(e, KeyError) and e.args else e
-    print("error: " + " ".join(str(message).split()), file=sys.stderr)  # one line
-    return 2
+  return run_reporting_user_errors(run, build_parser().parse_args(argv))
