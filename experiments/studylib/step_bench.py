@@ -45,9 +45,12 @@ from dllm_jax.decoding import api, protocol
 from dllm_jax.models import transformer
 from dllm_jax.models.config import ModelConfig, get_preset
 from dllm_jax.models.transformer import Transformer, init_params
+from studylib import decode_bench
 
 SCHEMA_VERSION = 1
-MASK_ID, PAD_ID, BOS_ID, FIRST_PROMPT_ID = 3, 0, 1, 4
+# The decode benchmark's special ids and random left-padded prompts (seeded by batch size).
+MASK_ID, PAD_ID, BOS_ID = decode_bench.MASK_ID, decode_bench.PAD_ID, decode_bench.BOS_ID
+prompts = decode_bench.prompts
 
 
 # ----------------------------------------------------------------------------- models
@@ -95,18 +98,6 @@ def cells(config) -> list[Cell]:
       Cell("selfspec", "selfspec", {"draft_length": config.draft_length}),
   ]
   return [c for c in every if c.name in config.decoders or c.method in config.decoders]
-
-
-def prompts(config, batch: int, vocab_size: int, seed: int):
-  """(tokens [B, P], valid [B, P]): left-padded random prompts, lengths drawn per row."""
-  rng = np.random.default_rng(seed)
-  lengths = rng.integers(config.min_prompt_len, config.max_prompt_len + 1, batch)
-  tokens = np.full((batch, config.max_prompt_len), PAD_ID, np.int32)
-  valid = np.zeros_like(tokens, bool)
-  for i, n in enumerate(lengths):
-    tokens[i, -n:] = rng.integers(FIRST_PROMPT_ID, vocab_size, n)
-    valid[i, -n:] = True
-  return tokens, valid
 
 
 # ----------------------------------------------------------------------------- the spy
@@ -313,7 +304,7 @@ def measure_dtypes(config, cfg: ModelConfig) -> list[dict]:
       c = cfg.replace(dtype=dtype, param_dtype=dtype)
       params = init_params(c, jax.random.key(config.seed))
       plan = protocol.plan("ar", c, {"gen_length": config.gen_length})
-      tokens, valid = prompts(config, b, c.vocab_size, config.seed + b)
+      tokens, valid = prompts(config, b, c.vocab_size)
       state = protocol.jit_init(params, jax.numpy.asarray(tokens), jax.numpy.asarray(valid),
                                 jax.random.key(0), plan.traced, decoder=plan.decoder)
       calls: list[Call] = []
@@ -370,14 +361,14 @@ def run(config, workdir: str) -> dict:
     for cell in cells(config):
       model_cfg = cfg.replace(shift_logits=True) if cell.shifted else cfg
       for b in config.batches:
-        batch = prompts(config, b, cfg.vocab_size, config.seed + b)
+        batch = prompts(config, b, cfg.vocab_size)
         rec = measure_cell(config, model_cfg, params, drafter, cell, batch)
         rec["scale"] = scale
         records.append(rec)
         print(f"{scale:>9} {cell.name:>17} B={b}: step {1e3 * rec['step_best_s']:.3f} ms, "
               f"bare {1e3 * rec['bare_best_s']:.3f} ms, {rec['ratio_best']:.2f}x", flush=True)
       if config.batch_cost_rows:
-        batch = prompts(config, config.batch_cost_rows, cfg.vocab_size, config.seed + 99)
+        batch = prompts(config, config.batch_cost_rows, cfg.vocab_size)
         rec = measure_batch_cost(config, model_cfg, params, drafter, cell, batch)
         rec["scale"] = scale
         batch_records.append(rec)
