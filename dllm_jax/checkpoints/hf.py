@@ -76,19 +76,25 @@ def read_config(model_dir) -> dict:
   return read_json(path)
 
 
+def _model_config(model_dir: Path, config: dict, family: Family, shapes: dict,
+                  dtype: str) -> ModelConfig:
+  """The ModelConfig of config.json (+ the stored tensors' `shapes`, + special ids)."""
+  fields = family.parse_config(config, shapes)
+  fields.update(special_token_ids(model_dir, config))
+  try:
+    return ModelConfig(**fields, param_dtype=dtype, dtype=dtype,
+                       name=f"{family.name}:{model_dir.name}")
+  except ValueError as e:
+    raise ValueError(f"{model_dir}: the config implies an invalid model: {e}") from None
+
+
 def _open(model_dir: Path, dtype: str | None) -> tuple[ModelConfig, Family, TensorStore]:
   config = read_config(model_dir)
   family = detect_family(config, str(model_dir / "config.json"))
   store = TensorStore.from_directory(model_dir)
   dtype = checkpoint_dtype(store) if dtype is None else dtype
-  fields = family.parse_config(config, {n: store.shape(n) for n in store.names()})
-  fields.update(special_token_ids(model_dir, config))
-  try:
-    cfg = ModelConfig(**fields, param_dtype=dtype, dtype=dtype,
-                      name=f"{family.name}:{model_dir.name}")
-  except ValueError as e:
-    raise ValueError(f"{model_dir}: the config implies an invalid model: {e}") from None
-  return cfg, family, store
+  shapes = {n: store.shape(n) for n in store.names()}
+  return _model_config(model_dir, config, family, shapes, dtype), family, store
 
 
 def config_from_hf(model_dir, dtype: str | None = None) -> tuple[ModelConfig, Family]:
@@ -118,14 +124,7 @@ def config_without_weights(model_dir,
     stored = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
     dtype = stored if stored in LOAD_DTYPES else "bfloat16"
   load_dtype(dtype)
-  fields = family.parse_config(config, {})
-  fields.update(special_token_ids(model_dir, config))
-  try:
-    cfg = ModelConfig(**fields, param_dtype=dtype, dtype=dtype,
-                      name=f"{family.name}:{model_dir.name}")
-  except ValueError as e:
-    raise ValueError(f"{model_dir}: the config implies an invalid model: {e}") from None
-  return cfg, family
+  return _model_config(model_dir, config, family, {}, dtype), family
 
 
 def hf_shape(path, shape) -> tuple[int, ...]:
