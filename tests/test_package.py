@@ -71,3 +71,20 @@ def test_the_study_is_not_in_the_library():
                       or m == "dllm_jax.study" or m.startswith("dllm_jax.study.")]
   assert checked > 50, checked  # the walk saw the library
   assert not offenders, offenders
+
+
+def test_a_missing_extra_is_named_with_its_install(monkeypatch, capsys):
+  """dllm_jax.eval / dllm_jax.serve without their extras: an ImportError naming the pip
+  install; under `python -m` one `error:` line and exit status 2."""
+  import pytest
+  from dllm_jax import _extras
+  monkeypatch.setattr(_extras.importlib.util, "find_spec", lambda name: None)
+  with pytest.raises(ImportError, match=r"needs FastAPI, uvicorn: pip install 'dllm_jax\[serve\]'"):
+    _extras.require("dllm_jax.serve", "serve", {"fastapi": "FastAPI", "uvicorn": "uvicorn"})
+  monkeypatch.setattr(_extras.sys, "argv", ["-m"])
+  with pytest.raises(SystemExit) as exit_info:
+    _extras.require("dllm_jax.eval", "eval", {"lm_eval": "lm-evaluation-harness"})
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and err.startswith("error: dllm_jax.eval needs lm-evaluation")
+  _extras.require("x", "y", {})  # nothing missing: nothing happens

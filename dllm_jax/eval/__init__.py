@@ -13,11 +13,9 @@ decode speed the results JSON carries). docs/evaluation.md describes the estimat
 speed is counted.
 """
 
-try:
-  import lm_eval  # noqa: F401  (checked first, for a clear message)
-except ImportError:
-  raise ImportError("dllm_jax.eval needs lm-evaluation-harness: pip install "
-                    "'dllm_jax[eval]' (or `pip install 'lm-eval>=0.4'`).") from None
+from dllm_jax import _extras
+
+_extras.require("dllm_jax.eval", "eval", {"lm_eval": "lm-evaluation-harness"})
 
 from dllm_jax.eval.args import EvalArgs, parse_model_args
 from dllm_jax.eval.harness import DllmJaxLM

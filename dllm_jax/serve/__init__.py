@@ -13,7 +13,12 @@ routes, SSE, auth, timeouts, disconnects), `metrics` (Prometheus), `errors` (Ope
 schema). See docs/serving.md.
 """
 
-from dllm_jax.serve.app import create_app
+from dllm_jax import _extras
+
+_extras.require("dllm_jax.serve", "serve", {"fastapi": "FastAPI", "uvicorn": "uvicorn",
+                                            "prometheus_client": "prometheus_client"})
+
+from dllm_jax.serve.app import create_app  # pylint: disable=wrong-import-position
 from dllm_jax.serve.backend import Backend, QueueFullError
 from dllm_jax.serve.metrics import ServerMetrics
 from dllm_jax.serve.protocol import Limits
