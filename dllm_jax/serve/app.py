@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import json
 import secrets
 import time
@@ -86,7 +87,7 @@ class _Call:
     self.completion_tokens = [0] * job.choices
     self.handles: list = []
     self.first_text: float | None = None
-    self.id = ("chatcmpl-" if job.chat else "cmpl-") + uuid.uuid4().hex
+    self.id = ("chatcmpl-" if job.chat else "cmpl-") + server.next_id()
     self.created = int(time.time())
     self._watcher: asyncio.Task | None = None
     self._timer: asyncio.TimerHandle | None = None
@@ -133,7 +134,8 @@ class _Call:
     self.server.backend.cancel(self.handles)
     if outcome is not None:
       for finish in self.finish:
-        self.server.metrics.requests.labels(self.job.lane, "ok" if finish else outcome).inc()
+        self.server.metrics.child(self.server.metrics.requests, self.job.lane,
+                                  "ok" if finish else outcome).inc()
     if self._streams:
       self.server.streams[self._client] -= self._streams
       if not self.server.streams[self._client]:
@@ -142,7 +144,8 @@ class _Call:
       self._watcher.cancel()
     if self._timer is not None:
       self._timer.cancel()
-    self.server.metrics.latency.labels(self.job.lane).observe(time.perf_counter() - self.start)
+    self.server.metrics.child(self.server.metrics.latency, self.job.lane).observe(
+        time.perf_counter() - self.start)
 
   @property
   def done(self) -> bool:
@@ -191,7 +194,8 @@ class _Call:
       return []
     if self.first_text is None:
       self.first_text = time.perf_counter()
-      self.server.metrics.ttft.labels(self.job.lane).observe(self.first_text - self.start)
+      self.server.metrics.child(self.server.metrics.ttft, self.job.lane).observe(
+          self.first_text - self.start)
     return [(index, delta, None)]
 
   def _finished(self, index: int, delta: str, reason: str, tokens: int) -> list:
@@ -259,6 +263,22 @@ class _Gone(Exception):
   """The client disconnected."""
 
 
+class _EventStream(StreamingResponse):
+  """Server-sent events from an async iterator of (text, more): one write each, the last
+  (more=False) ending the body in the same write. Unlike Starlette's StreamingResponse it
+  starts no task group listening for a disconnect: the call's own watcher does that (it
+  cancels the rows, and the iterator ends)."""
+
+  async def __call__(self, scope, receive, send):
+    await send({"type": "http.response.start", "status": self.status_code,
+                "headers": self.raw_headers})
+    more = True
+    async for text, more in self.body_iterator:
+      await send({"type": "http.response.body", "body": text.encode(), "more_body": more})
+    if more:  # the iterator ended early (the client left)
+      await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 class _Server:
   """The app's state: the backend, caps, metrics and per-client stream counts."""
 
@@ -268,6 +288,12 @@ class _Server:
     self.streams: collections.Counter = collections.Counter()
     self.retry_after = 1
     self.created = int(time.time())
+    # Response ids: a random prefix per server and a counter (unique without a call to the
+    # OS's random source per request).
+    self._id_prefix, self._ids = uuid.uuid4().hex[:16], itertools.count()
+
+  def next_id(self) -> str:
+    return f"{self._id_prefix}{next(self._ids):08x}"
 
   def refuse(self, error: errors.APIError) -> JSONResponse:
     self.metrics.rejected.labels(error.reason).inc()
@@ -309,8 +335,8 @@ class _Server:
     try:
       if job.stream:
         first = await call.next()  # a refused request is an error status, not a stream
-        return StreamingResponse(self._stream(call, first), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return _EventStream(self._stream(call, first), media_type="text/event-stream",
+                            headers={"Cache-Control": "no-cache"})
       while not call.done:
         await call.next()
       call.close("ok")
@@ -327,20 +353,20 @@ class _Server:
       raise
 
   async def _stream(self, call: _Call, pieces: list):
-    # Each yield is one write: a chat stream's opening goes with its first text, and the last
-    # text with the closing (no empty writes).
+    # Each yield is one write, (text, more): a chat stream's opening goes with its first
+    # text, and the last text with the closing and the end of the body (no empty writes).
     try:
       head = call.opening()
       while not call.done:
         if pieces:
-          yield head + call.chunk(pieces)
+          yield head + call.chunk(pieces), True
           head = ""
         pieces = await call.next()
       call.close("ok")
-      yield head + (call.chunk(pieces) if pieces else "") + call.closing()
+      yield head + (call.chunk(pieces) if pieces else "") + call.closing(), False
     except errors.APIError as error:
       call.close("error")
-      yield "data: " + _dumps(error.body()) + "\n\n" + "data: [DONE]\n\n"
+      yield "data: " + _dumps(error.body()) + "\n\n" + "data: [DONE]\n\n", False
     except _Gone:
       return
     finally:

@@ -128,6 +128,9 @@ class Backend:
         self.metrics.slots.labels(name).set(engine.num_slots)
     self._in_flight = {name: 0 for name in self.lanes}   # loop side
     self._occupied = {name: 0 for name in self.lanes}    # thread side (snapshots)
+    self._occupied_gauges = {name: self.metrics.occupied.labels(name) for name in self.lanes}
+    for gauge in self._occupied_gauges.values():
+      gauge.set(0)
     self._ids = itertools.count()
     self._commands: collections.deque = collections.deque()
     self._wake = threading.Condition()
@@ -212,13 +215,13 @@ class Backend:
       self._wake.notify()
 
   def _deliver(self, events: list) -> None:
+    # The queue-depth gauge is set when /metrics is read, not here: this runs once per
+    # engine step, on the loop that also serves every request.
     for handle, event in events:
       if isinstance(event, Result) and not handle.finished:
         handle.finished = True
         self._in_flight[handle.lane] -= 1
       handle.queue.put_nowait((handle.index, event))
-    for name in self.lanes:
-      self.metrics.queue_depth.labels(name).set(self.queue_depth(name))
 
   # ------------------------------------------------------------------ engine thread
   def _run(self) -> None:
@@ -269,8 +272,10 @@ class Backend:
 
   def _snapshot(self) -> None:
     for name, info in self.lanes.items():
-      self._occupied[name] = info.lane.occupied
-      self.metrics.occupied.labels(name).set(self._occupied[name])
+      occupied = info.lane.occupied
+      if occupied != self._occupied[name]:  # a gauge update takes a lock: only on change
+        self._occupied[name] = occupied
+        self._occupied_gauges[name].set(occupied)
 
   def _fail_all(self, error: BaseException) -> None:
     failure = EngineFailedError(f"the engine failed: {type(error).__name__}: {error}")

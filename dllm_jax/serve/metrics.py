@@ -53,16 +53,26 @@ class ServerMetrics:
                              "complete.", ["method"], buckets=_BUCKETS, registry=r)
     self.compiles = Counter("dllm_compiles_after_warmup", "XLA backend compiles since "
                             "warm-up.", registry=r)
+    self._children: dict = {}
     self._window = window
     self._recent: collections.deque = collections.deque()  # (time, tokens)
     self._lock = threading.Lock()
 
   def produced(self, method: str, tokens: int, nfe: int) -> None:
     """A row's result: its response tokens and forwards (engine thread)."""
-    self.tokens.labels(method).inc(tokens)
-    self.nfe.labels(method).inc(nfe)
+    self.child(self.tokens, method).inc(tokens)
+    self.child(self.nfe, method).inc(nfe)
     with self._lock:
       self._recent.append((time.monotonic(), tokens))
+
+  def child(self, metric, *labels):
+    """`metric.labels(*labels)`, looked up once (`labels` takes a lock and builds a key on
+    every call; this runs per request and per row)."""
+    key = (id(metric), labels)
+    found = self._children.get(key)
+    if found is None:
+      found = self._children[key] = metric.labels(*labels)
+    return found
 
   def update_rate(self) -> None:
     now = time.monotonic()
