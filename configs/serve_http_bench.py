@@ -3,13 +3,15 @@ official async openai client, against the in-process engine on the same requests
 `studylib.serve_http_bench`).
 
   python experiments/serve_http_bench.py                     # runs/serve_http_bench
-  python experiments/serve_http_bench.py --config.num_requests=48 --config.concurrency='(1,16)'
+  python experiments/serve_http_bench.py --config.concurrency='(1,16,64)' --config.repeats=7
 
 Workload and model: those of the serving benchmark (configs/serve_bench.py: the mixed
 synthetic suite, short sums and long worked additions, each request with its own answer
 budget and seed; the tiny preset with peaked random weights), character-tokenized. Each
 (method, concurrency) cell serves every request through an engine of `concurrency` slots,
-once in process and once over HTTP (all requests sent at once, streamed).
+in process and over HTTP (all requests sent at once, streamed), `repeats` times each,
+interleaved; the ratio is the median of the paired ratios with a bootstrap interval. The
+default (d2f and ar at concurrency 16, 5 repeats) takes a few minutes on a 2-core CPU host.
 """
 
 from ml_collections import config_dict
@@ -23,9 +25,10 @@ def get_config():
   c.eos_scale = 1.0
   c.temperature = 1.0
   c.tasks = "arithmetic:1,arithmetic:2,long_addition:3,long_addition:5"
-  c.num_requests = 192
-  c.concurrency = (1, 16, 64)
-  c.methods = ("d2f",)
+  c.num_requests = 96
+  c.concurrency = (16,)
+  c.methods = ("d2f", "ar")
+  c.repeats = 5  # interleaved engine / http passes per cell
   c.gen_length = 64
   c.block_length = 8
   c.max_prompt_len = 32

@@ -39,3 +39,17 @@ def test_hybrid_cells_serve_what_static_batching_decodes(tmp_path):
   saved = json.loads((tmp_path / "serve_bench.json").read_text())
   assert [c["outputs_equal"] for c in saved["cells"]] == [True] * 3
   assert "| adaptive | 2 | engine |" in (tmp_path / "serve_bench.md").read_text()
+
+
+def test_http_bench_ratio_interval_is_the_bootstrap_of_the_median():
+  """`serve_http_bench.median_interval`: the median of the paired ratios and the percentile
+  interval of the medians of resamples (restated here with the same draws)."""
+  import numpy as np
+  from studylib import serve_http_bench
+  ratios = [0.8, 1.1, 0.95, 0.9, 1.3]
+  median, low, high = serve_http_bench.median_interval(ratios, resamples=500, seed=3)
+  draws = np.random.default_rng(3).choice(np.asarray(ratios), (500, 5))
+  want = np.percentile(np.median(draws, axis=1), [2.5, 97.5])
+  assert median == 0.95 and (low, high) == tuple(want)
+  assert min(ratios) <= low <= median <= high <= max(ratios)
+  assert serve_http_bench.median_interval([1.0, 1.0, 1.0]) == (1.0, 1.0, 1.0)
