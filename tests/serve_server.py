@@ -3,9 +3,11 @@ server thread, and the one-prompt references a completion must equal.
 
 The model is the tiny LLaDA-Instruct stand-in (`tiny_llada`: random weights, a byte-level BPE
 tokenizer with a chat template), written into the test's temporary directory. Every server
-here decodes with ar and d2f lanes of 16 slots, one prompt bucket (32) and one admit size
-(16), so each lane compiles two programs and the subprocesses of a run share them through the
-persistent compilation cache (conftest).
+here decodes with ar and d2f lanes (`LANES`; test_serve_http's also with a lane of every
+other method, `EXTRA_LANES`) of 16 slots, one prompt bucket (32) and one admit size (16), so
+each lane compiles two programs and the subprocesses of a run share them through the
+persistent compilation cache (conftest). The methods that draft with a second model draft
+with the same tiny LLaDA (`--drafter-model`, loaded as D2F).
 """
 
 from __future__ import annotations
@@ -30,14 +32,24 @@ G = 16
 SLOTS = 16
 LANES = {"ar": dict(gen_length=G, temperature=1.0),
          "d2f": dict(gen_length=G, block_length=4, temperature=1.0)}
+# Every other registered method, one lane each (selfspec's and adaptive's temperature is
+# fixed per lane: their rows all sample at 1.0).
+EXTRA_LANES = {"llada": dict(gen_length=G, block_length=4, temperature=1.0),
+               "dream": dict(gen_length=G, block_length=4, temperature=1.0),
+               "fast_dllm": dict(gen_length=G, block_length=4, temperature=1.0),
+               "block_diffusion": dict(gen_length=G, block_length=4, temperature=1.0),
+               "speculative": dict(gen_length=G, draft_length=3, temperature=1.0),
+               "selfspec": dict(gen_length=G, draft_length=3, temperature=1.0),
+               "adaptive": dict(gen_length=G, draft_length=3, temperature=1.0)}
+ALL_LANES = {**LANES, **EXTRA_LANES}
 PROMPT_BUCKET = 32
 ENGINE_ARGS = ["--slots", str(SLOTS), "--prompt-buckets", str(PROMPT_BUCKET), "--admit-sizes", str(SLOTS),
                "--max-prompt-tokens", "32", "--max-steps-per-run", "4"]
 
 
-def lane_args() -> list[str]:
+def lane_args(lanes=LANES) -> list[str]:
   args = []
-  for method, options in LANES.items():
+  for method, options in lanes.items():
     args += ["--method", method] + [f"--opt={method}.{k}={v}" for k, v in options.items()]
   return args
 
@@ -49,18 +61,30 @@ def free_port() -> int:
 
 
 class ServerProcess:
-  """`python -m dllm_jax.serve` in a subprocess on 127.0.0.1; `url` is its /v1 base."""
+  """`python -m dllm_jax.serve` in a subprocess on 127.0.0.1; `url` is its /v1 base.
+  `wait=False` returns at once (call `wait()` before the first request), so the caller can
+  work while the server warms up."""
 
-  def __init__(self, model_dir, *extra: str, timeout: float = 240.0):
+  def __init__(self, model_dir, *extra: str, lanes=LANES, timeout: float = 240.0,
+               wait: bool = True):
     self.port = free_port()
     self.url = f"http://127.0.0.1:{self.port}/v1"
     self.root = f"http://127.0.0.1:{self.port}"
-    cmd = [sys.executable, "-m", "dllm_jax.serve", "--model", str(model_dir), *lane_args(),
-           *ENGINE_ARGS, "--port", str(self.port), *extra]
+    drafter = (["--drafter-model", str(model_dir)]
+               if set(lanes) & {"speculative", "adaptive"} else [])
+    cmd = [sys.executable, "-m", "dllm_jax.serve", "--model", str(model_dir),
+           *lane_args(lanes), *drafter, *ENGINE_ARGS, "--port", str(self.port), *extra]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
     self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + timeout
+    self.timeout = timeout
+    if wait:
+      self.wait()
+
+  def wait(self) -> None:
+    """Returns once /health answers 200 (AssertionError with the server's output if it
+    exits or takes longer than `timeout`)."""
+    deadline = time.monotonic() + self.timeout
     while time.monotonic() < deadline:
       if self.proc.poll() is not None:
         raise AssertionError(f"the server exited ({self.proc.returncode}):\n"
@@ -138,7 +162,32 @@ class References:
 
   def __init__(self, model_dir):
     from dllm_jax import loading
+    self.model_dir = model_dir
     self.model = loading.load_model(model_dir, "ar")
+    self._drafters: dict = {}
+
+  def lane_options(self, method: str) -> dict:
+    """The lane's options as the server builds them: the drafter the CLI loads from
+    --drafter-model (the same tiny LLaDA) for the methods that draft."""
+    from dllm_jax.sampler import load_drafter, takes_drafter
+    opts = dict(ALL_LANES[method])
+    if takes_drafter(method):
+      if method not in self._drafters:
+        self._drafters[method] = load_drafter(self.model_dir, method, opts)
+      opts.update(self._drafters[method])
+    return opts
+
+  def compile_all(self, temperatures=(0.0,)) -> None:
+    """Compiles the reference programs of every lane's method: at the lane's temperature and,
+    where the lane serves others, at `temperatures` (a method whose `generate` holds the
+    temperature static compiles one program per value). Run while a server warms up, the
+    two compile side by side."""
+    from dllm_jax.serving import serves_sampling
+    ids = self.ids("warm up")
+    for method in ALL_LANES:
+      self.tokens(method, ids, 0)
+      for t in temperatures if serves_sampling(method) else ():
+        self.tokens(method, ids, 0, temperature=t)
 
   def ids(self, prompt: str) -> list[int]:
     from dllm_jax.sampler import encode_text
@@ -151,7 +200,7 @@ class References:
   def tokens(self, method: str, ids, seed: int, max_tokens: int = G, **options):
     from dllm_jax.decoding import base, generate, registry
     from dllm_jax.serving import request_keys
-    opts = {**LANES[method], **options}
+    opts = {**self.lane_options(method), **options}
     if method in registry.ranking_methods():
       opts["batch_invariant"] = True
     # Left padded to the server's prompt bucket: every reference of a method and sampling

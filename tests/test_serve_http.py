@@ -1,11 +1,14 @@
 """The OpenAI-compatible server, driven by the official `openai` client (sync and async).
 
-One server subprocess (`python -m dllm_jax.serve`, ar and d2f lanes on the tiny LLaDA
-stand-in, `serve_server`) answers every test here: each completion equals its prompt decoded
-alone with `generate` (same method, options and seed), streamed chunks concatenate to the
-non-streamed text, stop strings cut as `Sampler` cuts, every bad input is a 400 naming its
-field, and no request compiles after warm-up. The error codes that need a full queue, a
-timeout or a held stream are in test_serve_errors.py.
+One server subprocess (`python -m dllm_jax.serve` on the tiny LLaDA stand-in, `serve_server`,
+with a lane of every registered method) answers every test here: each completion equals its
+prompt decoded alone with `generate` (same method, options and seed), streamed chunks
+concatenate to the non-streamed text, stop strings cut as `Sampler` cuts, every bad input is
+a 400 naming its field, and no request compiles after warm-up. The ar and d2f lanes get every
+check (16 concurrent requests with their own temperatures and seeds, stop strings, chat, n);
+every other method gets 4 concurrent requests and a stream (`test_every_lane_method_...`).
+The error codes that need a full queue, a timeout or a held stream are in
+test_serve_errors.py.
 """
 
 import asyncio
@@ -16,9 +19,13 @@ import openai
 import pytest
 
 import tiny_llada
-from serve_server import G, KEY, LANES, SLOTS, References, ServerProcess
+from serve_server import (ALL_LANES, EXTRA_LANES, G, KEY, LANES, SLOTS, References,
+                          ServerProcess)
 
 PROMPTS = ["Hello world", "The quick brown fox", "import os", "def f(x):"]
+# The temperatures of test_every_lane_method_...'s 4 requests: greedy, sampled at 0.7 and
+# at the lane's own 1.0, so each row is seen to sample at its own.
+LANE_TEMPERATURES = (0.0, 0.7, 1.0, 0.7)
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +34,22 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
-  s = ServerProcess(model_dir, "--api-key", KEY, "--max-n", "4",
-                    "--max-body-bytes", "4096")
-  yield s
-  s.close()
+def refs(model_dir):
+  return References(model_dir)
 
 
 @pytest.fixture(scope="module")
-def refs(model_dir):
-  return References(model_dir)
+def server(model_dir, refs):
+  s = ServerProcess(model_dir, "--api-key", KEY, "--max-n", "4", "--max-body-bytes", "4096",
+                    lanes=ALL_LANES, timeout=600, wait=False)
+  try:
+    refs.compile_all(LANE_TEMPERATURES)  # while the server warms up
+    s.wait()
+  except BaseException:
+    s.close()
+    raise
+  yield s
+  s.close()
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +121,38 @@ def test_streamed_chunks_concatenate_to_the_text(client, server, method):
   assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
 
 
+@pytest.mark.parametrize("method", list(EXTRA_LANES))
+def test_every_lane_method_answers_as_generate(client, server, refs, method):
+  """4 concurrent requests (async client) with their own seeds and temperatures, greedy
+  among them where the lane serves both (`serves_sampling`; selfspec's and adaptive's
+  temperature is the lane's), each equal to its prompt decoded alone by `generate`; the sync
+  client's answer and streamed chunks give the same text."""
+  from dllm_jax.serving import serves_sampling
+  temps = LANE_TEMPERATURES if serves_sampling(method) else (None,) * 4
+  kws = [{} if t is None else {"temperature": t} for t in temps]
+
+  async def main():
+    async with aclient(server) as c:
+      return await asyncio.gather(*[
+          c.completions.create(model=method, prompt=PROMPTS[i], seed=60 + i, max_tokens=12,
+                               **kw) for i, kw in enumerate(kws)])
+
+  answers = asyncio.run(main())
+  for i, (kw, answer) in enumerate(zip(kws, answers)):
+    want = refs.text(method, refs.ids(PROMPTS[i]), 60 + i, 12, **kw)
+    assert answer.choices[0].text == want, (method, kw)
+  r = client.completions.create(model=method, prompt=PROMPTS[1], seed=61, max_tokens=12,
+                                **kws[1])
+  assert r.choices[0].text == answers[1].choices[0].text
+  parts = [c.choices[0].text for c in client.completions.create(
+      model=method, prompt=PROMPTS[0], seed=60, max_tokens=12, stream=True, **kws[0])]
+  assert "".join(parts) == answers[0].choices[0].text
+  if not serves_sampling(method):  # greedy needs a lane of its own
+    with pytest.raises(openai.BadRequestError) as e:
+      client.completions.create(model=method, prompt="x", temperature=0)
+    assert e.value.body["param"] == "temperature"
+
+
 def test_chat_uses_the_chat_template(client, refs):
   messages = [{"role": "user", "content": "2+2?"}]
   r = client.chat.completions.create(model="d2f", messages=messages, seed=11)
@@ -143,7 +188,7 @@ def test_n_choices_take_consecutive_seeds_and_token_prompts(client, refs):
 
 
 def test_models_health_and_metrics(client, server):
-  assert sorted(m.id for m in client.models.list()) == sorted(LANES)
+  assert sorted(m.id for m in client.models.list()) == sorted(ALL_LANES)
   assert httpx.get(f"{server.root}/health").json() == {"status": "ok"}
   m = server.metrics()
   for name in ("dllm_queue_depth", "dllm_slots_occupied", "dllm_tokens_per_second",
@@ -220,7 +265,7 @@ def test_404_for_an_unknown_model(client, server):
   with pytest.raises(openai.NotFoundError) as e:
     client.completions.create(model="gpt-4", prompt="x")
   assert e.value.body["param"] == "model" and e.value.body["code"] == "model_not_found"
-  _error(_post(server, {"model": "ar", "method": "llada", "prompt": "x"}), 404, "method")
+  _error(_post(server, {"model": "ar", "method": "nosuch", "prompt": "x"}), 404, "method")
 
 
 @pytest.mark.parametrize("case", [

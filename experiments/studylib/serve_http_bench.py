@@ -15,11 +15,15 @@ pass: `outputs_equal`). Throughput is response tokens / (last answer - first sen
 latency are per request from t = 0 (p50 / p95 / p99).
 
 The two paths run `repeats` times, interleaved (engine, http, then http, engine, ...), so a
-load that comes and goes on a shared host falls on both. Each repeat gives one paired ratio,
-the server's throughput over the engine's (1.0: HTTP costs nothing; the issue's bar is
->= 0.9 at concurrency 16); a cell reports their median and a 95% percentile-bootstrap
-interval of the median (`median_interval`), and each path's metrics as medians over the
-repeats.
+load that comes and goes on a shared host falls on both. The client is one long-lived
+`AsyncOpenAI` whose connections (opened by two warm-up passes) are kept alive, as a serving
+client's are. Each repeat gives one paired ratio, the server's throughput over the
+engine's (1.0: HTTP costs nothing; the issue's bar is >= 0.9 at concurrency 16); a cell
+reports their median and a 95% percentile-bootstrap interval of the median
+(`median_interval`), and each path's metrics as medians over the repeats. Each pass also
+records CPU seconds (this process: the engine or the client; the server process), so a ratio
+below 1 can be split into the server's own HTTP work and the client's, which on a small host
+runs on the same cores as the server.
 
 The model samples only the character alphabet's ids (`active_vocab_size`), so every answer
 detokenizes. The child process builds the same model from the config (deterministic: the
