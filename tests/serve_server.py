@@ -42,6 +42,9 @@ EXTRA_LANES = {"llada": dict(gen_length=G, block_length=4, temperature=1.0),
                "selfspec": dict(gen_length=G, draft_length=3, temperature=1.0),
                "adaptive": dict(gen_length=G, draft_length=3, temperature=1.0)}
 ALL_LANES = {**LANES, **EXTRA_LANES}
+# Methods whose `generate` holds the temperature static (one program per value; the engine
+# carries it per row): their references are cheapest at the lane's temperature and 0.
+STATIC_TEMPERATURE = ("speculative",)
 PROMPT_BUCKET = 32
 ENGINE_ARGS = ["--slots", str(SLOTS), "--prompt-buckets", str(PROMPT_BUCKET), "--admit-sizes", str(SLOTS),
                "--max-prompt-tokens", "32", "--max-steps-per-run", "4"]
@@ -177,17 +180,15 @@ class References:
       opts.update(self._drafters[method])
     return opts
 
-  def compile_all(self, temperatures=(0.0,)) -> None:
-    """Compiles the reference programs of every lane's method: at the lane's temperature and,
-    where the lane serves others, at `temperatures` (a method whose `generate` holds the
-    temperature static compiles one program per value). Run while a server warms up, the
-    two compile side by side."""
+  def compile_all(self) -> None:
+    """Compiles the reference programs of every lane's method (greedy and sampled where the
+    lane serves both): run while a server warms up, the two compile side by side."""
     from dllm_jax.serving import serves_sampling
     ids = self.ids("warm up")
     for method in ALL_LANES:
       self.tokens(method, ids, 0)
-      for t in temperatures if serves_sampling(method) else ():
-        self.tokens(method, ids, 0, temperature=t)
+      if serves_sampling(method):
+        self.tokens(method, ids, 0, temperature=0.0)
 
   def ids(self, prompt: str) -> list[int]:
     from dllm_jax.sampler import encode_text

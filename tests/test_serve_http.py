@@ -19,12 +19,13 @@ import openai
 import pytest
 
 import tiny_llada
-from serve_server import (ALL_LANES, EXTRA_LANES, G, KEY, LANES, SLOTS, References,
-                          ServerProcess)
+from serve_server import (ALL_LANES, EXTRA_LANES, G, KEY, LANES, SLOTS, STATIC_TEMPERATURE,
+                          References, ServerProcess)
 
 PROMPTS = ["Hello world", "The quick brown fox", "import os", "def f(x):"]
 # The temperatures of test_every_lane_method_...'s 4 requests: greedy, sampled at 0.7 and
-# at the lane's own 1.0, so each row is seen to sample at its own.
+# at the lane's own 1.0, so each row is seen to sample at its own (greedy and the lane's
+# own for a method whose generate compiles each temperature: STATIC_TEMPERATURE).
 LANE_TEMPERATURES = (0.0, 0.7, 1.0, 0.7)
 
 
@@ -43,7 +44,7 @@ def server(model_dir, refs):
   s = ServerProcess(model_dir, "--api-key", KEY, "--max-n", "4", "--max-body-bytes", "4096",
                     lanes=ALL_LANES, timeout=600, wait=False)
   try:
-    refs.compile_all(LANE_TEMPERATURES)  # while the server warms up
+    refs.compile_all()  # while the server warms up
     s.wait()
   except BaseException:
     s.close()
@@ -128,7 +129,12 @@ def test_every_lane_method_answers_as_generate(client, server, refs, method):
   temperature is the lane's), each equal to its prompt decoded alone by `generate`; the sync
   client's answer and streamed chunks give the same text."""
   from dllm_jax.serving import serves_sampling
-  temps = LANE_TEMPERATURES if serves_sampling(method) else (None,) * 4
+  if not serves_sampling(method):
+    temps = (None,) * 4  # the lane's temperature
+  elif method in STATIC_TEMPERATURE:
+    temps = (0.0, 1.0, 0.0, 1.0)
+  else:
+    temps = LANE_TEMPERATURES
   kws = [{} if t is None else {"temperature": t} for t in temps]
 
   async def main():
