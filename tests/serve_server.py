@@ -73,8 +73,9 @@ class ServerProcess:
     self.port = free_port()
     self.url = f"http://127.0.0.1:{self.port}/v1"
     self.root = f"http://127.0.0.1:{self.port}"
+    from dllm_jax.decoding import registry
     drafter = (["--drafter-model", str(model_dir)]
-               if set(lanes) & {"speculative", "adaptive"} else [])
+               if set(lanes) & set(registry.drafter_methods()) else [])
     cmd = [sys.executable, "-m", "dllm_jax.serve", "--model", str(model_dir),
            *lane_args(lanes), *drafter, *ENGINE_ARGS, "--port", str(self.port), *extra]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)

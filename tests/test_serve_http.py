@@ -194,6 +194,8 @@ def test_n_choices_take_consecutive_seeds_and_token_prompts(client, refs):
 
 
 def test_models_health_and_metrics(client, server):
+  from dllm_jax.decoding import registry
+  assert sorted(ALL_LANES) == sorted(registry.names())  # every method has a lane here
   assert sorted(m.id for m in client.models.list()) == sorted(ALL_LANES)
   assert httpx.get(f"{server.root}/health").json() == {"status": "ok"}
   m = server.metrics()
