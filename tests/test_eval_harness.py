@@ -517,3 +517,19 @@ def test_builtin_demo_task_is_found_by_name(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match="one --include_path"):
     eval_cli.parse_cli(["--model_args", "checkpoint=demo", "--tasks", "demo_sums",
                         "--include_path", str(tmp_path)])
+
+
+def test_own_tasks_run_without_indexing_lm_evals_tasks(tmp_path, monkeypatch):
+  """A run of dllm_jax's own tasks only builds lm-eval's TaskManager from their include path
+  (not lm-eval's ~14,000 task files); any other task keeps lm-eval's full index, and the
+  TaskManager is lm-eval's own again after the run."""
+  from dllm_jax.eval import __main__ as eval_cli
+  monkeypatch.setenv("DLLM_JAX_CACHE", str(tmp_path))
+  assert eval_cli.asks_only_builtin_tasks(["--model", "dllm_jax", "--tasks", "demo_sums"])
+  assert not eval_cli.asks_only_builtin_tasks(["--tasks", "demo_sums,gsm8k"])
+  assert not eval_cli.asks_only_builtin_tasks(["--tasks", TASK])
+  argv, _, _ = eval_cli.parse_cli(["--model_args", "checkpoint=demo", "--tasks", "demo_sums"])
+  with eval_cli.without_lm_eval_task_index():
+    manager = lm_eval.tasks.TaskManager(include_path=argv[-1])
+    assert "demo_sums" in manager.all_tasks and "gsm8k" not in manager.all_tasks
+  assert lm_eval.tasks.TaskManager is TaskManager

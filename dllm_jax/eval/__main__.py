@@ -19,6 +19,7 @@ not fit is refused in one line naming the change, and nothing is evaluated.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -75,6 +76,36 @@ def dry_run(args, prompt_len: int = 1024, device_memory=None) -> int:
   print(report.table())
   report.check()
   return 0
+
+
+def asks_only_builtin_tasks(argv: list[str]) -> bool:
+  """Whether every task `argv` (lm-eval's) asks for is one of dllm_jax's own (`eval.tasks`)."""
+  from dllm_jax.eval import tasks as builtin
+  peek = argparse.ArgumentParser(add_help=False)
+  peek.add_argument("--tasks", "-t", default="")
+  known, _ = peek.parse_known_args(argv)
+  asked = {t.strip() for t in str(known.tasks).split(",") if t.strip()}
+  return bool(asked) and asked <= set(builtin.TASKS)
+
+
+@contextlib.contextmanager
+def without_lm_eval_task_index():
+  """lm-eval's TaskManager without its built-in tasks while the block runs: indexing its
+  ~14,000 task files costs ~10 s of CPU at every start, and a run of dllm_jax's own tasks
+  (found through --include_path) needs none of them."""
+  import lm_eval.tasks
+
+  full = lm_eval.tasks.TaskManager
+
+  class IncludePathOnly(full):
+    def __init__(self, *args, include_defaults: bool = False, **kwargs):
+      super().__init__(*args, include_defaults=include_defaults, **kwargs)
+
+  lm_eval.tasks.TaskManager = IncludePathOnly
+  try:
+    yield
+  finally:
+    lm_eval.tasks.TaskManager = full
 
 
 def _with_builtin_tasks(rest: list[str]) -> list[str]:
@@ -146,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     from lm_eval.__main__ import cli_evaluate
     saved = sys.argv
     sys.argv = ["lm-eval", *lm_eval_argv]
+    own_only = asks_only_builtin_tasks(lm_eval_argv)
     try:
-      cli_evaluate()
+      with without_lm_eval_task_index() if own_only else contextlib.nullcontext():
+        cli_evaluate()
     finally:
       sys.argv = saved
   except Exception as e:  # noqa: BLE001 (re-raised unless it is the user's mistake)
