@@ -16,7 +16,7 @@ from studylib import verdict as verdict_lib
 
 G = 64
 BATCHES = (1, 4)
-N_SHOT = 2  # the tiny BPE spends ~3 ids a character here: 2 shots keep prompts under 128
+N_SHOT = 1  # one shot: prompts of ~90 ids, longer than G (the tiny BPE spends ~3 ids a character)
 
 
 QUESTIONS = [(f"What is {a} plus {b}?", f"{a}+{b}={a + b}\n#### {a + b}")
