@@ -519,16 +519,22 @@ def test_builtin_demo_task_is_found_by_name(tmp_path, monkeypatch):
                         "--include_path", str(tmp_path)])
 
 
-def test_own_tasks_run_without_indexing_lm_evals_tasks(tmp_path, monkeypatch):
-  """A run of dllm_jax's own tasks only builds lm-eval's TaskManager from their include path
-  (not lm-eval's ~14,000 task files); any other task keeps lm-eval's full index, and the
+def test_tasks_in_the_include_path_run_without_indexing_lm_evals_tasks(tmp_path, monkeypatch):
+  """A run whose tasks are all tasks of its --include_path (dllm_jax's own, or the caller's)
+  builds lm-eval's TaskManager from that path only (not lm-eval's ~14,000 task files); a
+  name found only among lm-eval's tasks, or a group, keeps the full index, and the
   TaskManager is lm-eval's own again after the run."""
   from dllm_jax.eval import __main__ as eval_cli
-  monkeypatch.setenv("DLLM_JAX_CACHE", str(tmp_path))
-  assert eval_cli.asks_only_builtin_tasks(["--model", "dllm_jax", "--tasks", "demo_sums"])
-  assert not eval_cli.asks_only_builtin_tasks(["--tasks", "demo_sums,gsm8k"])
-  assert not eval_cli.asks_only_builtin_tasks(["--tasks", TASK])
+  monkeypatch.setenv("DLLM_JAX_CACHE", str(tmp_path / "cache"))
   argv, _, _ = eval_cli.parse_cli(["--model_args", "checkpoint=demo", "--tasks", "demo_sums"])
+  assert eval_cli.include_path_has_every_task(argv)
+  tasks = write_task(tmp_path / "tasks", questions(4))
+  (tasks / "both.yaml").write_text(f"group: both\ntask:\n  - {TASK}\n  - gsm8k\n")
+  local = ["--include_path", str(tasks), "--tasks"]
+  assert eval_cli.include_path_has_every_task([*local, TASK])
+  assert not eval_cli.include_path_has_every_task([*local, f"{TASK},gsm8k"])
+  assert not eval_cli.include_path_has_every_task([*local, "both"])  # a group: full index
+  assert not eval_cli.include_path_has_every_task(["--tasks", "gsm8k"])
   with eval_cli.without_lm_eval_task_index():
     manager = lm_eval.tasks.TaskManager(include_path=argv[-1])
     assert "demo_sums" in manager.all_tasks and "gsm8k" not in manager.all_tasks

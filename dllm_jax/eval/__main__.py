@@ -78,21 +78,27 @@ def dry_run(args, prompt_len: int = 1024, device_memory=None) -> int:
   return 0
 
 
-def asks_only_builtin_tasks(argv: list[str]) -> bool:
-  """Whether every task `argv` (lm-eval's) asks for is one of dllm_jax's own (`eval.tasks`)."""
-  from dllm_jax.eval import tasks as builtin
+def include_path_has_every_task(argv: list[str]) -> bool:
+  """Whether every name `--tasks` asks for (lm-eval's argv) is a task (not a group or tag) in
+  its `--include_path`: then lm-eval's own task files are not needed to run them (a task's
+  YAML names no other task; an `include:` of another YAML is read by its path)."""
   peek = argparse.ArgumentParser(add_help=False)
   peek.add_argument("--tasks", "-t", default="")
+  peek.add_argument("--include_path", default=None)
   known, _ = peek.parse_known_args(argv)
   asked = {t.strip() for t in str(known.tasks).split(",") if t.strip()}
-  return bool(asked) and asked <= set(builtin.TASKS)
+  if not asked or known.include_path is None:
+    return False
+  from lm_eval.tasks import TaskManager
+  local = TaskManager(include_path=known.include_path, include_defaults=False)
+  return asked <= set(local.all_subtasks)
 
 
 @contextlib.contextmanager
 def without_lm_eval_task_index():
   """lm-eval's TaskManager without its built-in tasks while the block runs: indexing its
-  ~14,000 task files costs ~10 s of CPU at every start, and a run of dllm_jax's own tasks
-  (found through --include_path) needs none of them."""
+  ~14,000 task files costs ~10 s of CPU at every start, and a run whose tasks are all in
+  --include_path (dllm_jax's own, or the caller's) needs none of them."""
   import lm_eval.tasks
 
   full = lm_eval.tasks.TaskManager
@@ -177,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     from lm_eval.__main__ import cli_evaluate
     saved = sys.argv
     sys.argv = ["lm-eval", *lm_eval_argv]
-    own_only = asks_only_builtin_tasks(lm_eval_argv)
+    local = include_path_has_every_task(lm_eval_argv)
     try:
-      with without_lm_eval_task_index() if own_only else contextlib.nullcontext():
+      with without_lm_eval_task_index() if local else contextlib.nullcontext():
         cli_evaluate()
     finally:
       sys.argv = saved
