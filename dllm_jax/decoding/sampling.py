@@ -46,7 +46,14 @@ def forbid(logits: Array, token_ids) -> Array:
   ids = [i for i in token_ids if i is not None]
   if not ids:
     return logits
-  return logits.at[..., jnp.asarray(ids)].set(NEG_INF)
+  v = logits.shape[-1]
+  ids = [i + v if -v <= i < 0 else i for i in ids]  # as indexing reads a negative id
+  vocab = jnp.arange(v, dtype=jnp.int32)
+  hit = vocab == ids[0]
+  for i in ids[1:]:
+    hit = hit | (vocab == i)
+  # A select, not a scatter: it fuses with whatever reads the logits next (argmax, softmax).
+  return jnp.where(hit, NEG_INF, logits)
 
 
 def all_finite(logits: Array, valid: Array | None = None) -> Array:
