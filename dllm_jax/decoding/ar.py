@@ -133,9 +133,10 @@ def step(params, cfg: ModelConfig, opts: AROptions, state: ARState) -> ARState:
   token = _choose(cfg, opts, state.traced, logits[:, 0], state.rng, state.step,
                   state.committed)
   token = jnp.where(state.done, base.output_pad_id(cfg), token)
-  b = token.shape[0]
   column = jnp.where(state.done, opts.gen_length, state.committed)  # done rows: dropped
-  response = state.response.at[jnp.arange(b), column].set(token, mode="drop")
+  # A select over [B, G], not a scatter: one fused pass.
+  at_column = jnp.arange(opts.gen_length, dtype=jnp.int32)[None] == column[:, None]
+  response = jnp.where(at_column, token[:, None], state.response)
   done = state.done | _is_stop(cfg, token) | (state.committed + 1 >= opts.gen_length)
   return state.replace(response=response, cache=cache, last=token, next_pos=state.next_pos + 1,
                        step=state.step + 1, nfe=state.nfe + 1,

@@ -318,7 +318,8 @@ def _step(params, state: D2FState, *, cfg: ModelConfig, opts: D2FOptions, mesh=N
       width = windows[0] * k
     else:  # the smallest window that holds every live row's uncached blocks
       span = jnp.max(jnp.where(state.done, 0, state.n_blocks - state.cached))
-      index = jnp.minimum(jnp.searchsorted(jnp.asarray(windows, jnp.int32), span),
+      # The first window >= span (a count, not a searchsorted loop), the widest past it.
+      index = jnp.minimum(jnp.sum(jnp.asarray(windows, jnp.int32) < span, dtype=jnp.int32),
                           len(windows) - 1)
       (x0, prob, score, finite), cache, last = jax.lax.switch(
           index, [functools.partial(run, w) for w in windows], state)

@@ -18,7 +18,7 @@ import numpy as np
 
 from dllm_jax.decoding import base, protocol, sampling, unmasking as unmasking_lib
 from dllm_jax.models.config import ModelConfig
-from dllm_jax.models.transformer import Transformer
+from dllm_jax.models.transformer import Transformer, project
 
 Array = jnp.ndarray
 
@@ -186,18 +186,29 @@ def init_state(params, cfg: ModelConfig, opts: LLaDAOptions, tokens, valid,
                     done=jnp.zeros((b,), bool), rng=rng, traced=traced, finite=jnp.ones((b,), bool))
 
 
-def _guided_logits(params, cfg, opts, state: LLaDAState) -> Array:
-  """Model logits, with CFG as one batched call of [conditional; prompt masked]."""
-  if opts.cfg_scale == 0.0:
-    return bidirectional_logits(params, cfg, state.canvas, state.valid, state.positions)
-  p = state.canvas.shape[1] - opts.gen_length
-  in_prompt = (jnp.arange(state.canvas.shape[1]) < p)[None, :] & state.valid
-  uncond = jnp.where(in_prompt, cfg.mask_token_id, state.canvas)
-  both = bidirectional_logits(
-      params, cfg, jnp.concatenate([state.canvas, uncond]),
-      jnp.concatenate([state.valid, state.valid]),
-      jnp.concatenate([state.positions, state.positions]))
-  cond, un = jnp.split(both, 2)
+def _block_logits(params, cfg, opts, state: LLaDAState, start: Array) -> Array:
+  """[B, b, V] model logits of each row's block (canvas columns [start, start + b)), with
+  CFG as one batched call of [conditional; prompt masked].
+
+  The LM head runs on the block's slots only (the other T - b outputs would be dropped):
+  a shifted-logits model's (Dream's) prediction for slot j is the raw output at j - 1 (at
+  0 for slot 0), as `Transformer` shifts it."""
+  canvas, valid, positions = state.canvas, state.valid, state.positions
+  start = jnp.broadcast_to(start, canvas.shape[:1])
+  guided = opts.cfg_scale != 0.0
+  if guided:
+    p = canvas.shape[1] - opts.gen_length
+    in_prompt = (jnp.arange(canvas.shape[1]) < p)[None, :] & valid
+    uncond = jnp.where(in_prompt, cfg.mask_token_id, canvas)
+    canvas, valid = jnp.concatenate([canvas, uncond]), jnp.concatenate([valid, valid])
+    positions, start = jnp.concatenate([positions, positions]), jnp.concatenate([start, start])
+  hidden = Transformer(cfg).apply({"params": params}, canvas, block_ids=jnp.zeros_like(canvas),
+                                  positions=positions, valid=valid, head=False)
+  at = start[:, None] - int(cfg.shift_logits) + jnp.arange(opts.block_length, dtype=jnp.int32)
+  logits = project(params, cfg, hidden, jnp.maximum(at, 0))
+  if not guided:
+    return logits
+  cond, un = jnp.split(logits, 2)
   return un + sampling.by_row(state.traced["cfg_scale"], un.ndim) * (cond - un)  # the weight cfg_scale + 1 (split())
 
 
@@ -276,7 +287,7 @@ def step(params, cfg: ModelConfig, opts: LLaDAOptions, state: LLaDAState) -> LLa
   bl = opts.block_length
   start = _block_start(cfg, opts, state)
   # Only the current block competes: propose and score its [B, b] slots.
-  logits = _take_block(_guided_logits(params, cfg, opts, state), start, bl)
+  logits = _block_logits(params, cfg, opts, state, start)
   finite = state.finite & (sampling.all_finite(logits) | state.done)
   logits = sampling.forbid(logits, forbidden_ids(cfg, opts))
   if sampling.is_row_keys(state.rng):  # one key per row: fold_in(rng[b], row_step[b])

@@ -46,7 +46,14 @@ def forbid(logits: Array, token_ids) -> Array:
   ids = [i for i in token_ids if i is not None]
   if not ids:
     return logits
-  return logits.at[..., jnp.asarray(ids)].set(NEG_INF)
+  v = logits.shape[-1]
+  ids = [i + v if -v <= i < 0 else i for i in ids]  # as indexing reads a negative id
+  vocab = jnp.arange(v, dtype=jnp.int32)
+  hit = vocab == ids[0]
+  for i in ids[1:]:
+    hit = hit | (vocab == i)
+  # A select, not a scatter: it fuses with whatever reads the logits next (argmax, softmax).
+  return jnp.where(hit, NEG_INF, logits)
 
 
 def all_finite(logits: Array, valid: Array | None = None) -> Array:
@@ -226,9 +233,28 @@ def top_k_mask(scores: Array, k: Array, *, invariant: bool = False) -> Array:
   ties go to the lower index (a stable descending sort). Entries at -inf are never chosen,
   so a row with fewer candidates than k commits only its candidates.
   """
-  order = jnp.argsort(-rank_scores(scores, invariant), axis=-1, stable=True)
-  ranks = jnp.argsort(order, axis=-1)
-  return (ranks < k[:, None]) & (scores > NEG_INF)
+  return (descending_ranks(rank_scores(scores, invariant)) < k[:, None]) & (scores > NEG_INF)
+
+
+PAIRWISE_RANK_WIDTH = 256  # widest row ranked by comparing all pairs (T * T per row)
+
+
+def descending_ranks(scores: Array) -> Array:
+  """[..., T] -> [..., T] int32: each entry's place in a stable descending sort (equal scores
+  keep slot order; NaN places after every number, as `jnp.sort` puts it).
+
+  Rows of up to `PAIRWISE_RANK_WIDTH` count, per entry, the entries ranked before it (one
+  fused pass over T * T pairs, where two sorts cost a sort thunk each); wider rows invert a
+  stable argsort. The two give the same places for every entry but NaN ones, which no
+  caller selects (they fail `scores > NEG_INF`)."""
+  t = scores.shape[-1]
+  if t > PAIRWISE_RANK_WIDTH:
+    return jnp.argsort(jnp.argsort(-scores, axis=-1, stable=True), axis=-1).astype(jnp.int32)
+  mine, other = scores[..., :, None], scores[..., None, :]                 # [..., T, T]
+  slot = jnp.arange(t, dtype=jnp.int32)
+  earlier = slot[None, :] < slot[:, None]                                  # [T, T]: j < i
+  before = (other > mine) | ((other == mine) & earlier)
+  return jnp.sum(before, axis=-1, dtype=jnp.int32)
 
 
 def sample_order_mask(scores: Array, k: Array, temperature, rng: Array, *,
