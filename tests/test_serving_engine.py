@@ -48,6 +48,11 @@ SAMPLED = {"ar": dict(temperature=1.0, top_p=0.9), "d2f": dict(temperature=1.0),
            "dream": dict(temperature=1.0, alg_temp=0.5)}
 
 
+# Every program compiled here goes to the run's persistent cache (a one-prompt reference is
+# the program of test_serving_row_options.py's and test_serving_speculative.py's references).
+pytestmark = pytest.mark.usefixtures("compile_cache")
+
+
 def method_of(lane: str) -> str:
   """The engine's method name of a lane name."""
   return "fast_dllm" if lane.startswith("fast_dllm") else lane

@@ -8,13 +8,19 @@ sampling in it); in a sampling-capable lane its row runs the sampling program an
 argmax, so the two must agree token for token.
 
 Compile budget: each lane is one engine of 8 slots, one prompt bucket and one admit size (two
-programs, compiled by `warmup`); the references share two programs per lane (greedy and
+programs, compiled by `warmup`), but for the speculative lanes, which take the engine shape of
+test_serving_speculative.py (3 slots < 12 requests, so rows join beside rows with other options
+there too) and so its sampled lanes' programs; the references share two programs per lane (greedy and
 sampled: traced options never recompile). After warmup the engine compiles nothing while it
-serves the mixed requests (counted with `backend_compiles`).
+serves the mixed requests (counted with `backend_compiles`, with the persistent compilation
+cache off, so a counted event is a compile). The references and warmup use the run's cache:
+the speculative lanes' references are the programs of test_serving_speculative.py's lanes.
 """
 
+import contextlib
 import math
 
+import jax
 import numpy as np
 import pytest
 
@@ -24,6 +30,7 @@ from dllm_jax.decoding import generate, registry
 from dllm_jax.models import get_preset
 from dllm_jax.serving import BadOptionError, Engine, Result, request_keys
 from test_decoding_d2f import peaked_params
+from test_serving_speculative import SHAPE as DRAFTED_ENGINE
 
 CFG = get_preset("tiny")
 G = 12
@@ -58,6 +65,20 @@ LANES = {
                         dict(temperature=[0.0, 0.7, 1.1], top_p=[1.0, 0.9])),
 }
 DRAFTED = ("speculative",)  # methods whose lane options carry the drafter
+
+pytestmark = pytest.mark.usefixtures("compile_cache")
+
+
+@contextlib.contextmanager
+def compile_cache_off():
+  """The persistent compilation cache off while the block runs (as `no_compile_cache` does
+  for a whole test), so that each compile it counts is a compile, not a load."""
+  saved = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", saved)
 
 
 @pytest.fixture(scope="module")
@@ -96,10 +117,10 @@ def alone(params, method: str, lane_options: dict, prompt, kw) -> tuple:
 
 
 @pytest.mark.parametrize("lane", sorted(LANES))
-def test_mixed_options_in_one_batch_equal_alone(params, lane, no_compile_cache):
-  """12 requests with different traced options and seeds in one 8-slot lane (so rows join
-  beside rows with other options): each equals its decode alone, and after warmup the lane
-  compiles nothing."""
+def test_mixed_options_in_one_batch_equal_alone(params, lane):
+  """12 requests with different traced options and seeds in one lane of 8 slots (3 for the
+  speculative lanes), so rows join beside rows with other options: each equals its decode
+  alone, and after warmup the lane compiles nothing."""
   method, lane_options, choices = LANES[lane]
   if method in DRAFTED:
     lane_options = dict(lane_options, drafter_params=params, drafter_cfg=CFG)
@@ -108,10 +129,11 @@ def test_mixed_options_in_one_batch_equal_alone(params, lane, no_compile_cache):
   assert len({tuple(sorted(kw["options"].items())) for _, kw in requests}) >= min(
       5, combinations)
   refs = [alone(params, method, lane_options, prompt, kw) for prompt, kw in requests]
+  shape = dict(ENGINE, **DRAFTED_ENGINE) if method in DRAFTED else ENGINE
   engine = Engine(params, CFG, methods=method, options={**lane_options, "sampling": True},
-                  **ENGINE)
+                  **shape)
   engine.warmup()
-  with backend_compiles() as compiles:
+  with compile_cache_off(), backend_compiles() as compiles:
     ids = [engine.submit(prompt, method=method, **kw) for prompt, kw in requests]
     events = engine.run_until_idle()
   assert compiles == []

@@ -48,6 +48,10 @@ NARROW = CFG.replace(d_model=CFG.d_model // 2, n_layers=1, n_heads=2, n_kv_heads
                      mlp_dim=CFG.mlp_dim // 2)
 SHAPE = dict(slots=3, max_steps_per_run=1, prompt_buckets=(8, 16), admit_sizes=(3,))
 
+# The run's persistent cache: the greedy lanes' AR references are test_serving_engine.py's,
+# the sampled lanes' programs those of test_serving_row_options.py's speculative lanes.
+pytestmark = pytest.mark.usefixtures("compile_cache")
+
 
 def lane_options(params, lane):
   drafter, sampling = LANES[lane]
