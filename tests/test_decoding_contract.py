@@ -240,18 +240,25 @@ def test_sweeping_traced_options_compiles_once(model, name):
                   for o in outs}) > 1, option
 
 
+class _Captured(Exception):
+  """Raised by `_program`'s spy once it holds the decode program's arguments."""
+
+
 def _program(monkeypatch, params, cfg, method: str, **options) -> str:
-  """The jaxpr (text) of the jitted decode program `api.generate` runs for these options."""
+  """The jaxpr (text) of the jitted decode program `api.generate` runs for these options.
+
+  The spy records the arguments and stops `generate` there: tracing needs no compile."""
   module, attr = _JITTED[method]
   jitted, calls = getattr(module, attr), []
 
   def spy(*args, **kwargs):
     calls.append((args, kwargs))
-    return jitted(*args, **kwargs)
+    raise _Captured
   monkeypatch.setattr(module, attr, spy)
-  api.generate(params, cfg, PROMPTS, method=method, rng=jax.random.key(1), **options)
+  with pytest.raises(_Captured):
+    api.generate(params, cfg, PROMPTS, method=method, rng=jax.random.key(1), **options)
   monkeypatch.setattr(module, attr, jitted)
-  args, kwargs = calls[-1]
+  (args, kwargs), = calls
   return str(jitted.trace(*args, **kwargs).jaxpr)
 
 
