@@ -14,8 +14,8 @@ batch sizes and meshes is ~1e-6): every row alone, in a batch of 4 and on a
 {data: 2, tensor: 4} mesh must get the same tokens (batch_invariant: ranking on a grid,
 lowest slot first),
 and params already sharded on the mesh must be used where they are. Its AR run uses the
-first part's gen_length (12) so both parts share the 1-device AR program (fast_dllm's
-options are the same in both parts already).
+first part's gen_length (12); it is greedy where the first part samples, so the two compile
+separate 1-device programs.
 """
 
 import pytest
