@@ -110,13 +110,18 @@ class ServerProcess:
       return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
 
   def close(self) -> None:
-    if self.proc.poll() is None:
-      self.proc.terminate()
-      try:
-        self.proc.wait(timeout=20)
-      except subprocess.TimeoutExpired:
-        self.proc.kill()
-        self.proc.wait()
+    stop(self.proc, timeout=20)
+
+
+def stop(proc: subprocess.Popen, timeout: float) -> None:
+  """Terminates `proc` if it still runs; kills it if it has not exited within `timeout` s."""
+  if proc.poll() is None:
+    proc.terminate()
+    try:
+      proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      proc.wait()
 
 
 def parse_metrics(text: str) -> dict:

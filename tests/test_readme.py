@@ -402,13 +402,8 @@ class ReadmeServer:
     return text.replace(f"127.0.0.1:{README_PORT}", f"127.0.0.1:{self.port}")
 
   def close(self) -> None:
-    if self.proc.poll() is None:
-      self.proc.terminate()
-      try:
-        self.proc.wait(timeout=30)
-      except subprocess.TimeoutExpired:
-        self.proc.kill()
-        self.proc.wait()
+    from serve_server import stop
+    stop(self.proc, timeout=30)
 
 
 def serve_cli(command: str, ws: Workspace) -> None:
