@@ -94,22 +94,25 @@ def rate_ratio(tokens: Sequence, wall: Sequence, base_tokens: Sequence, base_wal
   return percentile_interval(ratio)
 
 
+def _ratio_of_sums(num: Sequence, den: Sequence, strata, resamples: int,
+                   seed: int) -> list[float] | None:
+  """[lo, hi] of sum(num) / sum(den), resampling batches (within each stratum)."""
+  a, b = _check(num, den)
+  w = weights(strata or [len(a)], resamples=resamples, seed=seed)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    return percentile_interval((w @ a) / (w @ b))
+
+
 def proportion(correct: Sequence, prompts: Sequence, *, strata: Sequence[int] | None = None,
                resamples: int = RESAMPLES, seed: int = SEED) -> list[float] | None:
   """[lo, hi] of one cell's accuracy (a fraction), over its batches."""
-  c, n = _check(correct, prompts)
-  w = weights(strata or [len(n)], resamples=resamples, seed=seed)
-  with np.errstate(divide="ignore", invalid="ignore"):
-    return percentile_interval((w @ c) / (w @ n))
+  return _ratio_of_sums(correct, prompts, strata, resamples, seed)
 
 
 def rate(tokens: Sequence, wall: Sequence, *, strata: Sequence[int] | None = None,
          resamples: int = RESAMPLES, seed: int = SEED) -> list[float] | None:
   """[lo, hi] of one cell's tokens / wall (tokens/s), over its batches."""
-  t, s = _check(tokens, wall)
-  w = weights(strata or [len(t)], resamples=resamples, seed=seed)
-  with np.errstate(divide="ignore", invalid="ignore"):
-    return percentile_interval((w @ t) / (w @ s))
+  return _ratio_of_sums(tokens, wall, strata, resamples, seed)
 
 
 def batch_figures(per_prompt: dict, per_batch: dict, task: str | None = None) -> dict | None:
