@@ -8,10 +8,12 @@ sampling in it); in a sampling-capable lane its row runs the sampling program an
 argmax, so the two must agree token for token.
 
 Compile budget: each lane is one engine of 8 slots, one prompt bucket and one admit size (two
-programs, compiled by `warmup`), but for the speculative lanes, which take the engine shape of
-test_serving_speculative.py (3 slots < 12 requests, so rows join beside rows with other options
-there too) and so its sampled lanes' programs; the references share two programs per lane (greedy and
-sampled: traced options never recompile). After warmup the engine compiles nothing while it
+programs, compiled by `warmup`), but for the hybrids' lanes (speculative, selfspec,
+adaptive), which take the engine shape of test_serving_speculative.py (3 slots < 12 requests,
+so rows join beside rows with other options there too) and so its sampled lanes' programs;
+the references share two programs per lane (greedy and sampled: traced options never
+recompile), but for the hybrids, whose `generate` holds the target's sampling options static
+(one program per combination; their lanes carry them per row). After warmup the engine compiles nothing while it
 serves the mixed requests (counted with `backend_compiles`, with the persistent compilation
 cache off, so a counted event is a compile). The references and warmup use the run's cache:
 the speculative lanes' references are the programs of test_serving_speculative.py's lanes.
@@ -28,7 +30,7 @@ from conftest import backend_compiles
 
 from dllm_jax.decoding import generate, registry
 from dllm_jax.models import get_preset
-from dllm_jax.serving import BadOptionError, Engine, Result, request_keys
+from dllm_jax.serving import BadOptionError, Engine, Result, request_keys, rows
 from test_decoding_d2f import peaked_params
 from test_serving_speculative import SHAPE as DRAFTED_ENGINE
 
@@ -63,8 +65,18 @@ LANES = {
                        dict(temperature=[0.0, 0.8, 1.3], top_p=[1.0, 0.8], top_k=[0, 4])),
     "speculative_d2f": ("speculative", dict(gen_length=G, drafter="d2f", draft_length=3),
                         dict(temperature=[0.0, 0.7, 1.1], top_p=[1.0, 0.9])),
+    # The hybrids whose target samples as speculative's does (`RoundDecoder.lane_plan`):
+    # selfspec on the same weights (drafts from its mask block), adaptive with the target as
+    # its D2F drafter and traced thresholds that send rows to every mode.
+    "selfspec": ("selfspec", dict(gen_length=G, draft_length=3),
+                 dict(temperature=[0.0, 0.8, 1.2], top_p=[1.0, 0.9], top_k=[0, 5])),
+    "adaptive": ("adaptive", dict(gen_length=G, draft_length=3, min_acceptance=0.3,
+                                  trust_streak=1),
+                 dict(temperature=[0.0, 0.7, 1.3], top_p=[1.0, 0.85],
+                      parallel_confidence=[0.75, math.inf], ar_confidence=[0.0, 0.6])),
 }
-DRAFTED = ("speculative",)  # methods whose lane options carry the drafter
+DRAFTED = ("speculative", "adaptive")  # methods whose lane options carry the drafter
+HYBRIDS = ("speculative", "selfspec", "adaptive")  # the engine shape of their serving tests
 
 pytestmark = pytest.mark.usefixtures("compile_cache")
 
@@ -129,7 +141,7 @@ def test_mixed_options_in_one_batch_equal_alone(params, lane):
   assert len({tuple(sorted(kw["options"].items())) for _, kw in requests}) >= min(
       5, combinations)
   refs = [alone(params, method, lane_options, prompt, kw) for prompt, kw in requests]
-  shape = dict(ENGINE, **DRAFTED_ENGINE) if method in DRAFTED else ENGINE
+  shape = dict(ENGINE, **DRAFTED_ENGINE) if method in HYBRIDS else ENGINE
   engine = Engine(params, CFG, methods=method, options={**lane_options, "sampling": True},
                   **shape)
   engine.warmup()
@@ -140,6 +152,28 @@ def test_mixed_options_in_one_batch_equal_alone(params, lane):
   results = {e.request_id: e for e in events if isinstance(e, Result)}
   assert [results[i].status for i in ids] == ["ok"] * len(ids)
   assert [results[i].tokens for i in ids] == refs
+
+
+@pytest.mark.parametrize("lane", ["speculative_ar", "selfspec", "adaptive"])
+def test_a_greedy_hybrid_lane_draws_no_random_numbers(params, lane):
+  """A hybrid's lane built at temperature 0 holds the greedy rule only: its init (round 0)
+  and step draw no random numbers, while a sampling lane's do (its rows' temperatures
+  traced). The programs are traced, not compiled."""
+  method, lane_options, _ = LANES[lane]
+  if method in DRAFTED:
+    lane_options = dict(lane_options, drafter_params=params, drafter_cfg=CFG)
+
+  def program(temperature) -> str:
+    plan = registry.get(method).lane_plan(CFG, dict(lane_options, temperature=temperature))
+    decoder, both = plan.decoder, plan.params(params)
+    traced = rows.stack_traced([plan.traced] * 2)
+    tokens, valid = np.full((2, 4), 5, np.int32), np.ones((2, 4), bool)
+    round_one = lambda: decoder.step(both, decoder.init(both, tokens, valid,
+                                                        request_keys([1, 2]), traced))
+    return str(jax.jit(round_one).trace().jaxpr)
+
+  assert "random_bits" not in program(0.0), f"{lane}: the greedy lane draws random numbers"
+  assert "random_bits" in program(0.7), f"{lane}: the sampling lane draws nothing"
 
 
 def test_greedy_lane_refuses_sampling_and_names_the_fix(params):
@@ -189,6 +223,13 @@ def test_bad_row_options_are_refused_before_a_slot(params, lane, options, field)
 def test_sampling_flag_is_checked(params):
   with pytest.raises(ValueError, match="sampling must be True or False"):
     Engine(params, CFG, methods="ar", options=dict(gen_length=G, sampling=1), **ENGINE)
-  with pytest.raises(ValueError, match="temperature is static"):
-    Engine(params, CFG, methods="selfspec", options=dict(gen_length=G, sampling=True),
-           **ENGINE)
+  # A decoder that declares no `sampling_options` compiles each temperature on its own: its
+  # lane cannot take sampling=True (every registered method can).
+  static = type("StaticTemperatureAR", (registry.get("ar"),), {"sampling_options": ()})
+  registry.register("static_temperature_ar", static)
+  try:
+    with pytest.raises(ValueError, match="temperature is static"):
+      Engine(params, CFG, methods="static_temperature_ar",
+             options=dict(gen_length=G, sampling=True), **ENGINE)
+  finally:
+    registry.unregister("static_temperature_ar")

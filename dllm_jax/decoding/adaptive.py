@@ -199,7 +199,8 @@ class AdaptiveState:
   done, finite, rounds (rounds the row was live), forwards (the forwards a one-row decode of
   the row counts: its target forwards + its drafter's) [B]; the per-round records [B, G],
   column i the row's own round i; both caches (see speculative.SpeculativeState); traced, the
-  rule's traced thresholds ({name: []})."""
+  rule's traced thresholds ({name: []}; a serving lane's rows: {name: [B]}, with the
+  target's sampling options too, `spec.sampling_options`)."""
   response: Array
   n: Array
   prompt_len: Array
@@ -256,8 +257,9 @@ def _round(state: AdaptiveState, mode, drafts, conf, logits, tcache, dcache, t_k
   n_drafts = jnp.where(verifying, k, 0)
   keys = spec.round_keys(state.rng, state.step, state.rounds, 1,
                          state.traced.get("row_offset", 0))
-  choice, a = spec.verify(logits, drafts, n_drafts, keys, temperature=opts.temperature,
-                          top_k=opts.top_k, top_p=opts.top_p, forbid_ids=(tcfg.mask_token_id,))
+  temperature, top_k, top_p = spec.sampling_options(opts, state.traced)
+  choice, a = spec.verify(logits, drafts, n_drafts, keys, temperature=temperature,
+                          top_k=top_k, top_p=top_p, forbid_ids=(tcfg.mask_token_id,))
   parallel = mode == PARALLEL
   tokens = jnp.where(parallel[:, None], jnp.concatenate([drafts, drafts[:, -1:]], 1), choice)
   acc = jnp.where(parallel, k - 1, jnp.where(verifying, a, 0))
@@ -468,14 +470,13 @@ class AdaptiveDecoder(spec.DraftedDecoder):
   # Served: a lane has one tag map; a request names its own `task` (a row option).
   lane_options = spec.DraftedDecoder.lane_options + ("task_modes",)
   lane_row_options = ("task",)
-  sampling_options = ()
 
   @classmethod
   def lane_plan(cls, cfg: ModelConfig, options: dict) -> protocol.Plan:
     if "tasks" in options:
       raise ValueError("tasks= is generate's list of one tag per prompt; a request names its "
                        "own tag with task=<tag> (one of the lane's task_modes).")
-    return cls.plan(cfg, **options)
+    return super().lane_plan(cfg, options)
 
   def row_input(self, options: dict, request: dict) -> int:
     """The mode code the request's `task` forces (-1: none; the rule decides)."""

@@ -77,6 +77,9 @@ class SelfSpecState:
   step: Array
   rng: Array
   row_offset: Array  # [] the global index of row 0 (a data shard's first row)
+  # Sampling options per row ({temperature, top_k, top_p}: [B] arrays) replacing the static
+  # ones (a serving lane's rows: `spec.RoundDecoder.lane_plan`); None: the options' own.
+  traced: dict | None = None
 
 
 def _forward(params, cfg: ModelConfig, clean, starts, cache, k: int):
@@ -111,9 +114,9 @@ def _round(params, cfg, opts, state: SelfSpecState, hidden, mask_hidden, cache, 
   k = opts.draft_length
   logits = project(params, cfg, hidden)
   read = jnp.arange(k + 1)[None] <= n_drafts[:, None]             # the clean slots verified
-  choice, accepted = spec.verify(logits, state.draft, n_drafts, keys,
-                                 temperature=opts.temperature, top_k=opts.top_k,
-                                 top_p=opts.top_p, forbid_ids=(cfg.mask_token_id,))
+  temperature, top_k, top_p = spec.sampling_options(opts, state.traced)
+  choice, accepted = spec.verify(logits, state.draft, n_drafts, keys, temperature=temperature,
+                                 top_k=top_k, top_p=top_p, forbid_ids=(cfg.mask_token_id,))
   live = ~state.done
   accepted = jnp.where(live, accepted, 0)
   block = jnp.minimum(accepted, mask_hidden.shape[1] - 1)
@@ -136,7 +139,10 @@ def _round(params, cfg, opts, state: SelfSpecState, hidden, mask_hidden, cache, 
       accepted=state.accepted + accepted, step=state.step + 1)
 
 
-def _init(params, prompt, valid, rng, *, cfg: ModelConfig, opts: SelfSpecOptions, offset=0):
+def _init(params, prompt, valid, rng, *, cfg: ModelConfig, opts: SelfSpecOptions, offset=0,
+          traced: dict | None = None):
+  """The prompt's forward and round 0. `traced`: per-row sampling options that replace the
+  static ones (`spec.sampling_options`), or None."""
   b, p = prompt.shape
   g, k = opts.gen_length, opts.draft_length
   prompt_len = valid.sum(-1, dtype=jnp.int32)
@@ -151,7 +157,7 @@ def _init(params, prompt, valid, rng, *, cfg: ModelConfig, opts: SelfSpecOptions
       has_draft=jnp.zeros((b,), bool), done=jnp.zeros((b,), bool),
       finite=jnp.ones((b,), bool), rounds=zeros,
       drafted=zeros, accepted=zeros, step=jnp.zeros((), jnp.int32), rng=rng,
-      row_offset=jnp.asarray(offset, jnp.int32))
+      row_offset=jnp.asarray(offset, jnp.int32), traced=traced)
   # Verify "no draft": slot 0 (the prompt's last token) gives the first token.
   slots = jnp.full((b, k + 1), p - 1, jnp.int32)
   return _round(params, cfg, opts, state, jnp.take_along_axis(hidden, slots[..., None], 1),
@@ -236,7 +242,6 @@ class SelfSpecDecoder(spec.RoundDecoder):
   finish = staticmethod(output)
   init_forwards = True   # the init's forward (prompt + mask block) commits the first token
   attention = "selfspec"
-  sampling_options = ()  # every option is static (temperature: greedy is its own rule)
 
   @classmethod
   def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:
@@ -249,7 +254,8 @@ class SelfSpecDecoder(spec.RoundDecoder):
 
   def init(self, params, tokens, valid, rng, traced, row_inputs=None):
     return _init(params, tokens, valid, rng, cfg=self.cfg, opts=self.opts,
-                 offset=traced["row_offset"])
+                 offset=traced["row_offset"],
+                 traced=traced if "temperature" in traced else None)
 
   def step(self, params, state):
     return _step(params, state, cfg=self.cfg, opts=self.opts)

@@ -283,11 +283,11 @@ def _verify_and_commit(tparams, tcfg, opts, state: SpeculativeState, chunk, out_
   return tcache, accepted, response, count, done, jnp.isfinite(logits).all((1, 2))
 
 
-def sampling_options(opts: SpeculativeOptions, traced: dict | None):
+def sampling_options(opts, traced: dict | None):
   """(temperature, top_k, top_p) a round samples with: the static options' numbers, or the
-  per-row `traced` arrays where given (unless the static temperature is 0: the greedy
-  program, which holds no sampling)."""
-  if traced is None or opts.temperature == 0.0:
+  per-row `traced` arrays where it holds them (`RoundDecoder.lane_plan`; unless the static
+  temperature is 0: the greedy program, which holds no sampling)."""
+  if traced is None or "temperature" not in traced or opts.temperature == 0.0:
     return opts.temperature, opts.top_k, opts.top_p
   return traced["temperature"], traced["top_k"], traced["top_p"]
 
@@ -449,8 +449,20 @@ def output(cfg: ModelConfig, opts: SpeculativeOptions, state: SpeculativeState):
 
 class RoundDecoder(protocol.Decoder):
   """A hybrid: each round commits a prefix of `n` tokens per row, and its module's
-  `output(cfg, opts, state)` gives (DecodeOutput, stats) (speculative, selfspec, adaptive)."""
+  `output(cfg, opts, state)` gives (DecodeOutput, stats) (speculative, selfspec, adaptive).
+  Served, the target's sampling (temperature, top_k, top_p) is traced per row (`lane_plan`)."""
   finish = None  # the module's output function, a staticmethod
+
+  @classmethod
+  def lane_plan(cls, cfg: ModelConfig, options: dict) -> protocol.Plan:
+    """`plan`, with the sampling options moved to the traced part ([] each; the state's
+    `traced`, read by `sampling_options`), so one lane's rows sample each with their own.
+    Temperature 0 keeps its own program (the greedy rule: `base.ZERO_IS_STATIC`)."""
+    plan = cls.plan(cfg, **options)
+    static, traced = base.split_options(plan.decoder.opts, {"temperature": 0.0, "top_k": 0,
+                                                            "top_p": 1.0}, {"top_k": np.int32})
+    return dataclasses.replace(plan, decoder=dataclasses.replace(plan.decoder, opts=static),
+                               traced=dict(plan.traced, **traced))
 
   def running(self, state):
     return rounds_left(self.opts, state)
@@ -498,8 +510,7 @@ class DraftedDecoder(RoundDecoder):
 @dataclasses.dataclass(frozen=True)
 class SpeculativeDecoder(DraftedDecoder):
   """A drafter proposes, the AR target verifies: `opts` is the `SpeculativeOptions`; the state and
-  `params` hold both models ((target, drafter) params). Served, the target's sampling
-  (temperature, top_k, top_p) is traced per row (`lane_plan`)."""
+  `params` hold both models ((target, drafter) params)."""
   drafter_cfg: ModelConfig = None
 
   finish = staticmethod(output)
@@ -526,15 +537,6 @@ class SpeculativeDecoder(DraftedDecoder):
     base.check_prompts(self.cfg, tokens, valid, opts.gen_length, needs_mask=False)
     base.check_prompts(dcfg, tokens, valid, opts.gen_length, needs_mask=opts.drafter != "ar")
     check_drafter_capacity(dcfg, opts, _drafter_capacity(np.shape(tokens)[1], opts))
-
-  @classmethod
-  def lane_plan(cls, cfg: ModelConfig, options: dict) -> protocol.Plan:
-    plan = cls.plan(cfg, **options)
-    # Temperature 0 keeps its own program (the greedy rule: `base.ZERO_IS_STATIC`).
-    static, traced = base.split_options(plan.decoder.opts, {"temperature": 0.0, "top_k": 0,
-                                                            "top_p": 1.0}, {"top_k": np.int32})
-    return dataclasses.replace(plan, decoder=dataclasses.replace(plan.decoder, opts=static),
-                               traced=dict(plan.traced, **traced))
 
   def init(self, params, tokens, valid, rng, traced, row_inputs=None):
     return _init(*params, tokens, valid, rng, tcfg=self.cfg, dcfg=self.drafter_cfg,

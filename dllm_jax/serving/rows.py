@@ -159,7 +159,7 @@ def for_method(method: str) -> RowDecoder:
 
 def serves_sampling(method: str) -> bool:
   """Whether a lane of `method` may be built `sampling=True` (greedy and sampled rows in one
-  program; selfspec's and adaptive's sampling is static)."""
+  program: every method whose decoder declares `sampling_options`)."""
   return bool(for_method(method).sampling_options)
 
 
