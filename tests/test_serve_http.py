@@ -4,9 +4,10 @@ One server subprocess (`python -m dllm_jax.serve` on the tiny LLaDA stand-in, `s
 with a lane of every registered method) answers every test here: each completion equals its
 prompt decoded alone with `generate` (same method, options and seed), streamed chunks
 concatenate to the non-streamed text, stop strings cut as `Sampler` cuts, every bad input is
-a 400 naming its field, and no request compiles after warm-up. The ar and d2f lanes get every
-check (16 concurrent requests with their own temperatures and seeds, stop strings, chat, n);
-every other method gets 4 concurrent requests and a stream (`test_every_lane_method_...`).
+a 400 naming its field, and no request compiles after warm-up. Every lane serves greedy and
+sampled rows in one program and gets 16 concurrent requests with their own temperatures and
+seeds in one batch; the ar and d2f lanes get every other check (stop strings, chat, n); every
+other method gets 4 concurrent requests and a stream (`test_every_lane_method_...`).
 The error codes that need a full queue, a timeout or a held stream are in
 test_serve_errors.py.
 """
@@ -20,13 +21,15 @@ import pytest
 
 import tiny_llada
 from serve_server import (ALL_LANES, EXTRA_LANES, G, KEY, LANES, SLOTS, STATIC_TEMPERATURE,
-                          References, ServerProcess)
+                          STATIC_TEMPERATURES, References, ServerProcess)
 
 PROMPTS = ["Hello world", "The quick brown fox", "import os", "def f(x):"]
 # The temperatures of test_every_lane_method_...'s 4 requests: greedy, sampled at 0.7 and
-# at the lane's own 1.0, so each row is seen to sample at its own (greedy and the lane's
-# own for a method whose generate compiles each temperature: STATIC_TEMPERATURE).
+# at the lane's own 1.0, so each row is seen to sample at its own.
 LANE_TEMPERATURES = (0.0, 0.7, 1.0, 0.7)
+# The 16 requests' temperatures of test_16_concurrent_...: 16 values, or for a method whose
+# generate compiles each temperature (STATIC_TEMPERATURE) its references' 3, in turn.
+TEMPERATURES = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 1.7, 2.0, 0.6)
 
 
 @pytest.fixture(scope="module")
@@ -77,25 +80,26 @@ def test_greedy_completions_equal_generate(client, refs, method):
     assert r.choices[0].text == refs.text(method, refs.ids(prompt), 5, temperature=0.0)
 
 
-def test_16_concurrent_requests_with_their_own_temperatures_and_seeds(server, refs):
-  temps = [0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 1.7, 2.0, 0.6]
+@pytest.mark.parametrize("method", list(ALL_LANES))
+def test_16_concurrent_requests_with_their_own_temperatures_and_seeds(server, refs, method):
+  """16 requests (async client) with their own seeds and temperatures (`TEMPERATURES`),
+  greedy among them, fill the lane's 16 slots: each equals its prompt decoded alone by
+  `generate`."""
+  temps = TEMPERATURES if method not in STATIC_TEMPERATURE else [
+      STATIC_TEMPERATURES[i % 3] for i in range(SLOTS)]
   assert len(temps) == SLOTS
+  extra = [{"top_p": 0.9} if method == "ar" and i % 3 == 0 else {} for i in range(SLOTS)]
 
   async def main():
     async with aclient(server) as c:
       return await asyncio.gather(*[
-          c.completions.create(model=m, prompt=PROMPTS[i % 4], temperature=t, seed=7 * i,
-                               extra_body={"top_p": 0.9} if m == "ar" and i % 3 == 0 else {})
-          for i, t in enumerate(temps) for m in LANES])
+          c.completions.create(model=method, prompt=PROMPTS[i % 4], temperature=t, seed=7 * i,
+                               extra_body=extra[i]) for i, t in enumerate(temps)])
 
   answers = asyncio.run(main())
-  k = 0
-  for i, t in enumerate(temps):
-    for m in LANES:
-      extra = {"top_p": 0.9} if m == "ar" and i % 3 == 0 else {}
-      want = refs.text(m, refs.ids(PROMPTS[i % 4]), 7 * i, temperature=t, **extra)
-      assert answers[k].choices[0].text == want, (m, t)
-      k += 1
+  for i, (t, answer) in enumerate(zip(temps, answers)):
+    want = refs.text(method, refs.ids(PROMPTS[i % 4]), 7 * i, temperature=t, **extra[i])
+    assert answer.choices[0].text == want, (method, t)
 
 
 @pytest.mark.parametrize("method", list(LANES))
@@ -125,17 +129,9 @@ def test_streamed_chunks_concatenate_to_the_text(client, server, method):
 @pytest.mark.parametrize("method", list(EXTRA_LANES))
 def test_every_lane_method_answers_as_generate(client, server, refs, method):
   """4 concurrent requests (async client) with their own seeds and temperatures, greedy
-  among them where the lane serves both (`serves_sampling`; selfspec's and adaptive's
-  temperature is the lane's), each equal to its prompt decoded alone by `generate`; the sync
-  client's answer and streamed chunks give the same text."""
-  from dllm_jax.serving import serves_sampling
-  if not serves_sampling(method):
-    temps = (None,) * 4  # the lane's temperature
-  elif method in STATIC_TEMPERATURE:
-    temps = (0.0, 1.0, 0.0, 1.0)
-  else:
-    temps = LANE_TEMPERATURES
-  kws = [{} if t is None else {"temperature": t} for t in temps]
+  among them, each equal to its prompt decoded alone by `generate`; the sync client's answer
+  and streamed chunks give the same text."""
+  kws = [{"temperature": t} for t in LANE_TEMPERATURES]
 
   async def main():
     async with aclient(server) as c:
@@ -153,10 +149,6 @@ def test_every_lane_method_answers_as_generate(client, server, refs, method):
   parts = [c.choices[0].text for c in client.completions.create(
       model=method, prompt=PROMPTS[0], seed=60, max_tokens=12, stream=True, **kws[0])]
   assert "".join(parts) == answers[0].choices[0].text
-  if not serves_sampling(method):  # greedy needs a lane of its own
-    with pytest.raises(openai.BadRequestError) as e:
-      client.completions.create(model=method, prompt="x", temperature=0)
-    assert e.value.body["param"] == "temperature"
 
 
 def test_chat_uses_the_chat_template(client, refs):
