@@ -13,8 +13,8 @@ adaptive), which take the engine shape of test_serving_speculative.py (3 slots <
 so rows join beside rows with other options there too) and so its sampled lanes' programs;
 the references share two programs per lane (greedy and sampled: traced options never
 recompile), but for the hybrids, whose `generate` holds the target's sampling options static
-(one program per combination; their lanes carry them per row). After warmup the engine compiles nothing while it
-serves the mixed requests (counted with `backend_compiles`, with the persistent compilation
+(one program per combination; their lanes carry them per row). After warmup the engine
+compiles nothing while it serves the mixed requests (counted with `backend_compiles`, with the persistent compilation
 cache off, so a counted event is a compile). The references and warmup use the run's cache:
 the speculative lanes' references are the programs of test_serving_speculative.py's lanes.
 """
@@ -67,7 +67,8 @@ LANES = {
                         dict(temperature=[0.0, 0.7, 1.1], top_p=[1.0, 0.9])),
     # The hybrids whose target samples as speculative's does (`RoundDecoder.lane_plan`):
     # selfspec on the same weights (drafts from its mask block), adaptive with the target as
-    # its D2F drafter and traced thresholds that send rows to every mode.
+    # its D2F drafter and per-request thresholds (its rows run all three modes, sampled rows
+    # in VERIFY and AR).
     "selfspec": ("selfspec", dict(gen_length=G, draft_length=3),
                  dict(temperature=[0.0, 0.8, 1.2], top_p=[1.0, 0.9], top_k=[0, 5])),
     "adaptive": ("adaptive", dict(gen_length=G, draft_length=3, min_acceptance=0.3,
