@@ -14,9 +14,10 @@ so rows join beside rows with other options there too) and so its sampled lanes'
 the references share two programs per lane (greedy and sampled: traced options never
 recompile), but for the hybrids, whose `generate` holds the target's sampling options static
 (one program per combination; their lanes carry them per row). After warmup the engine
-compiles nothing while it serves the mixed requests (counted with `backend_compiles`, with the persistent compilation
-cache off, so a counted event is a compile). The references and warmup use the run's cache:
-the speculative lanes' references are the programs of test_serving_speculative.py's lanes.
+compiles nothing while it serves the mixed requests (counted with `backend_compiles`, with
+the persistent compilation cache off, so a counted event is a compile). The references and
+warmup use the run's cache: the speculative lanes' references are the programs of
+test_serving_speculative.py's lanes.
 """
 
 import contextlib
