@@ -403,7 +403,8 @@ SWEEP = (dict(temperature=0.3), dict(temperature=0.7, top_k=5),
          dict(temperature=1.3, top_p=0.8))
 
 
-@pytest.mark.parametrize("method", list(SWEPT))
+@pytest.mark.parametrize("method", [pytest.param("speculative", marks=pytest.mark.slow),
+                                    "selfspec", pytest.param("adaptive", marks=pytest.mark.slow)])
 def test_a_sampling_sweep_compiles_once_and_equals_the_static_program(random_models, method):
   """generate at temperatures 0.3, 0.7 and 1.3 (with top_k, then top_p) runs one program for
   the three (the target's sampling is traced, `speculative.split_sampling`), and each output
