@@ -73,6 +73,7 @@ def test_d2f_dispatch_passes_prompts_options_and_mesh(monkeypatch):
                              committed=np.zeros(b, np.int32), done=np.ones(b, bool))
 
   monkeypatch.setattr(protocol, "run", recorder)
+  monkeypatch.setattr(protocol, "run_batch", recorder)  # a batch without a mesh
   cfg = get_preset("tiny")
   out = api.generate(None, cfg, [[5, 6, 7], [8]], method="d2f", gen_length=8, block_length=4,
                      tau_conf=0.8, pad_to=None, batch_buckets=None)

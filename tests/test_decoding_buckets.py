@@ -8,19 +8,19 @@ import jax
 import numpy as np
 import pytest
 
-from dllm_jax.decoding import api, buckets, protocol
+from dllm_jax.decoding import api, buckets, compaction, protocol
 from dllm_jax.models import get_preset
 from studylib import dp_bench
 
 CFG = get_preset("tiny")
 INV = dict(batch_invariant=True)
 RUNS = {
-    "ar": (dict(gen_length=8, temperature=1.0), protocol.run),
-    "llada": (dict(gen_length=8, block_length=4, steps=4, **INV), protocol.run),
-    "dream": (dict(gen_length=8, block_length=4, steps=4, **INV), protocol.run),
-    "fast_dllm": (dict(gen_length=8, block_length=4, cache="dual", **INV), protocol.run),
-    "d2f": (dict(gen_length=8, block_length=4, temperature=1.0, **INV), protocol.run),
-    "block_diffusion": (dict(gen_length=8, block_length=4, **INV), protocol.run),
+    "ar": dict(gen_length=8, temperature=1.0),
+    "llada": dict(gen_length=8, block_length=4, steps=4, **INV),
+    "dream": dict(gen_length=8, block_length=4, steps=4, **INV),
+    "fast_dllm": dict(gen_length=8, block_length=4, cache="dual", **INV),
+    "d2f": dict(gen_length=8, block_length=4, temperature=1.0, **INV),
+    "block_diffusion": dict(gen_length=8, block_length=4, **INV),
 }
 
 
@@ -66,18 +66,22 @@ def test_pad_batch_left_pads_and_repeats_the_last_row():
 @pytest.mark.parametrize("method", [m if m in ("ar", "fast_dllm") else
                                     pytest.param(m, marks=pytest.mark.slow) for m in RUNS])
 def test_one_compile_per_bucket_and_unbucketed_tokens(params, method):
-  kw, jitted = RUNS[method]
+  kw = RUNS[method]
   rs = np.random.default_rng(0)
   prompt = lambda n: [int(t) for t in rs.integers(5, CFG.vocab_size, n)]
   rng = jax.random.key(2)
-  before = jitted._cache_size()
+  before = protocol.compiled_programs()[0]
   by_length = [prompt(n) for n in range(1, 17)]                 # every length of bucket 16
   outs = [api.generate(params, CFG, [p], method=method, rng=rng, **kw) for p in by_length]
-  assert jitted._cache_size() == before + 1, "prompt lengths 1..16 compiled more than once"
-  before = jitted._cache_size()
+  assert protocol.compiled_programs()[0] == before + 1, \
+      "prompt lengths 1..16 compiled more than once"
+  before, later = protocol.compiled_programs()
   for b in range(5, 9):                                          # every batch of bucket 8
     bucketed = api.generate(params, CFG, by_length[:b], method=method, rng=rng, **kw)
-  assert jitted._cache_size() == before + 1, "batches 5..8 compiled more than once"
+  assert protocol.compiled_programs()[0] == before + 1, "batches 5..8 compiled more than once"
+  # The staged decode's later stages (and merges): at most once per stage shape.
+  stages = len(compaction.stage_sizes(8)) - 1
+  assert protocol.compiled_programs()[1] - later <= 2 * stages, "a later stage recompiled"
   exact = api.generate(params, CFG, by_length[:8], method=method, rng=rng, pad_to=None,
                        batch_buckets=None, **kw)
   assert bucketed.tokens.shape == exact.tokens.shape == (8, 8)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from dllm_jax import decoding
-from dllm_jax.decoding import (api, ar, base, d2f, fast_dllm, llada, protocol, registry,
-                               streaming)
+from dllm_jax.decoding import (api, ar, base, buckets, compaction, d2f, fast_dllm, llada,
+                               protocol, registry, streaming)
 from dllm_jax.models import get_preset, init_params
 from dllm_jax.models.transformer import abstract_params
 from dllm_jax.parallel import mesh as mesh_lib
@@ -212,9 +212,9 @@ SWEEPS = {  # method -> (fixed options, {traced option: >= 3 values})
     "block_diffusion": (dict(gen_length=8, block_length=4),
                         {"temperature": [0.5, 1.3, 3.0]}),
 }
-# Every method runs as `protocol.run`, one jitted program per decoder.
-_JITTED = {m: (protocol, "run") for m in
-           ("ar", "llada", "dream", "fast_dllm", "d2f", "block_diffusion")}
+# Every method runs as `protocol.run_batch`: one whole-decode program (or first stage) per
+# decoder and shape, and each later stage at most once (`protocol.compiled_programs`).
+STAGES = len(compaction.stage_sizes(buckets.batch_size(len(PROMPTS)))) - 1
 
 
 @pytest.mark.parametrize("name", list(SWEEPS))
@@ -226,15 +226,15 @@ def test_sweeping_traced_options_compiles_once(model, name):
   cfg = cfg.replace(max_seq_len=120)  # a config no other test compiles for
   method = name.removesuffix("_factor")
   fixed, sweeps = SWEEPS[name]
-  module, attr = _JITTED[method]
-  jitted = getattr(module, attr)
   rng = jax.random.key(1)
   for option, values in sweeps.items():
     api.generate(params, cfg, PROMPTS, method=method, rng=rng, **{**fixed, option: values[0]})
-    compiled = jitted._cache_size()
+    compiled, later = protocol.compiled_programs()
     outs = [api.generate(params, cfg, PROMPTS, method=method, rng=rng,
                          **{**fixed, option: v}) for v in values]
-    assert jitted._cache_size() == compiled, f"{option} recompiled"
+    assert protocol.compiled_programs()[0] == compiled, f"{option} recompiled"
+    # A later stage compiles once per stage shape, when a value first reaches it.
+    assert protocol.compiled_programs()[1] - later <= 2 * STAGES, f"{option} recompiled"
     if option in ("temperature", "threshold", "tau_conf"):  # the knob really reaches the loop
       assert len({np.asarray(o.tokens).tobytes() + np.asarray(o.nfe).tobytes()
                   for o in outs}) > 1, option
@@ -245,24 +245,24 @@ class _Captured(Exception):
 
 
 def _program(monkeypatch, params, cfg, method: str, **options) -> str:
-  """The jaxpr (text) of the jitted decode program `api.generate` runs for these options.
+  """The jaxpr (text) of the whole-decode program (`protocol.run`: the init and step the
+  staged decode runs too) for the arguments `api.generate` passes with these options.
 
   The spy records the arguments and stops `generate` there: tracing needs no compile."""
-  module, attr = _JITTED[method]
-  jitted, calls = getattr(module, attr), []
+  calls = []
 
   def spy(*args, **kwargs):
     calls.append((args, kwargs))
     raise _Captured
-  monkeypatch.setattr(module, attr, spy)
+  monkeypatch.setattr(protocol, "run_batch", spy)
   with pytest.raises(_Captured):
     api.generate(params, cfg, PROMPTS, method=method, rng=jax.random.key(1), **options)
-  monkeypatch.setattr(module, attr, jitted)
+  monkeypatch.undo()
   (args, kwargs), = calls
-  return str(jitted.trace(*args, **kwargs).jaxpr)
+  return str(protocol.run.trace(*args, **kwargs).jaxpr)
 
 
-@pytest.mark.parametrize("name", list(_JITTED))
+@pytest.mark.parametrize("name", ["ar", "llada", "dream", "fast_dllm", "d2f", "block_diffusion"])
 def test_a_greedy_program_draws_no_random_numbers(model, monkeypatch, name):
   """Temperature 0 compiles a loop with no sampling in it (no conditional on the traced
   temperature, no draws), and a positive temperature the sampling program; the deterministic

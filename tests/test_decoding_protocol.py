@@ -144,10 +144,10 @@ def test_alone_batched_streamed_and_sharded_agree(model, temperature):
 def test_a_temperature_sweep_compiles_once(model):
   cfg, params = model
   api.generate(params, cfg, PROMPTS, method="left_to_right", gen_length=8, temperature=0.5)
-  size = protocol.run._cache_size()
+  size = protocol.compiled_programs()[0]
   for t in (0.6, 0.7, 1.3):
     api.generate(params, cfg, PROMPTS, method="left_to_right", gen_length=8, temperature=t)
-  assert protocol.run._cache_size() == size
+  assert protocol.compiled_programs()[0] == size
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])

@@ -203,12 +203,12 @@ def test_selfspec_drafter_drafts_in_its_training_layout(random_models, monkeypat
     return drafts, conf, cache
 
   monkeypatch.setattr(speculative, "diffusion_draft", spy)
-  protocol.run.clear_cache()  # trace the spy, and leave no program holding it
+  protocol.clear_programs()  # trace the spy, and leave no program holding it
   try:
     tokens, valid = batch_of(PROMPTS)
     out, _ = spec(target, stranger, "selfspec", tokens, valid)
   finally:
-    protocol.run.clear_cache()
+    protocol.clear_programs()
   ref = ar.ar_generate(target, CFG, tokens, valid, gen_length=G)
   same_tokens(out, ref)
   width = max(map(len, PROMPTS)) + G
@@ -417,10 +417,10 @@ def test_a_sampling_sweep_compiles_once_and_equals_the_static_program(random_mod
     options.update(drafter_params=stranger, drafter_cfg=cfg)
   tokens, valid = batch_of(PROMPTS)
   rng = jax.random.key(5)
-  before = protocol.run._cache_size()
+  before = protocol.compiled_programs()[0]
   outs = [api.generate(target, cfg, (tokens, valid), method=method, rng=rng, pad_to=None,
                        batch_buckets=None, **options, **sampling) for sampling in SWEEP]
-  assert protocol.run._cache_size() == before + 1
+  assert protocol.compiled_programs()[0] == before + 1
   assert len({np.asarray(o.tokens).tobytes() for o in outs}) == len(SWEEP)
   for sampling, out in zip(SWEEP, outs):
     plan = protocol.plan(method, cfg, {**options, **sampling})

@@ -94,8 +94,8 @@ def generate(params, cfg: ModelConfig, prompts, *, method: str = registry.DEFAUL
     out = protocol.run_on_mesh(the_plan, params, tokens, valid, rng, mesh,
                                mesh_lib.rules_from_config(rules))
   else:
-    out = protocol.run(the_plan.params(params), *base.prompt_inputs(tokens, valid), rng,
-                       the_plan.traced, the_plan.row_inputs, decoder=the_plan.decoder)
+    out = protocol.run_batch(the_plan.params(params), *base.prompt_inputs(tokens, valid), rng,
+                             the_plan.traced, the_plan.row_inputs, decoder=the_plan.decoder)
   # The decoder flags; the error names rows of the caller's batch (padding rows dropped).
   return base.raise_if_nonfinite(_take_rows(out, b), on_nonfinite)
 

@@ -6,7 +6,7 @@ One `lax.while_loop` over a batch steps until its slowest row is done, and every
 forwards every row, the finished ones too: a batch whose rows finish at different steps
 (threshold decoders, early stops) pays its slowest row's step count at full width and can
 cost more than decoding its rows one at a time. `run` decodes in stages of static sizes
-B > b_1 > ... > 1 (`stage_sizes`, each about a quarter of the one before):
+B > b_1 > ... > 1 (`stage_sizes`, each half the one before, rounded up):
 
     start  (B rows)  init, then step while more rows are live than the next stage holds
     stage  (b rows)  gather the live rows (and finished ones, to fill b) and step likewise
@@ -33,12 +33,13 @@ import jax.numpy as jnp
 
 from dllm_jax.decoding import sampling
 
-# Each stage holds about 1 / SHRINK of the rows of the one before.
-SHRINK = 4
+# Each stage holds 1 / SHRINK of the rows of the one before (rounded up). Halving keeps at
+# most twice the live rows in the forward; a stage's program compiles only when reached.
+SHRINK = 2
 
 
 def stage_sizes(batch: int) -> tuple[int, ...]:
-  """(B, ceil(B / 4), ..., 1): the row counts of the stages; (1,) for one row."""
+  """(B, ceil(B / 2), ..., 1): the row counts of the stages; (1,) for one row."""
   sizes = [batch]
   while sizes[-1] > 1:
     sizes.append(-(-sizes[-1] // SHRINK))

@@ -268,8 +268,7 @@ def step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> F
   else:
     # fold_in(fold_in(rng, own forwards), global row): a row's draws follow its own clock,
     # and a data-parallel shard's rows keep their whole-batch index (row_offset).
-    rows = jnp.arange(b, dtype=jnp.int32) + jnp.asarray(state.traced.get("row_offset", 0),
-                                                        jnp.int32)
+    rows = sampling.row_indices(b, state.traced.get("row_offset", 0))
     keys = jax.vmap(lambda n, r: jax.random.fold_in(jax.random.fold_in(state.rng, n), r))(
         state.forwards, rows)
   temperature = base.traced_option(opts, state.traced, "temperature")

@@ -7,7 +7,8 @@ A decoder is a frozen, hashable dataclass holding the model config and the metho
 **options)` checks the user's options (a ValueError naming the fix) and returns a `Plan`:
 the decoder, its *traced* options (a pytree of [] arrays riding in the state, so sweeping them
 never recompiles) and, for the hybrids, the drafter's params. The drivers written once over
-this interface are `api.generate` (one jitted `lax.while_loop`), `streaming.stream` (one
+this interface are `api.generate` (one jitted `lax.while_loop`, in stages that finished rows
+leave for a batch: `run_batch`, `compaction`), `streaming.stream` (one
 jitted step per event), `data_parallel.decode` (one loop per data shard) and, through
 `serving.rows`, the serving lanes.
 
@@ -61,7 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dllm_jax.decoding import base, registry
+from dllm_jax.decoding import base, compaction, registry, sampling
 from dllm_jax.models import masks
 from dllm_jax.models.config import ModelConfig
 from dllm_jax.parallel import mesh as mesh_lib
@@ -153,6 +154,39 @@ class Decoder:
   def loop(self, params, state):
     """Runs `step` while `running` (one `lax.while_loop`; a decoder may split it)."""
     return jax.lax.while_loop(self.running, functools.partial(self.step, params), state)
+
+  @property
+  def compacts(self) -> bool:
+    """Whether a batch decode may drop finished rows from the forward (`compaction`): true
+    when a finished row's state never changes again, so not stepping it changes nothing, and
+    the loop is the plain `running` / `step` one. Default: the options' `early_stop` where
+    they have one (without it finished rows run on), else True."""
+    plain = type(self).loop is Decoder.loop and type(self).decode is Decoder.decode
+    return plain and bool(getattr(self.opts, "early_stop", True))
+
+  def with_row_ids(self, state):
+    """`state` with its [] `row_offset` (row r draws its keys as global row `row_offset + r`)
+    replaced by the [B] global index of each row, which moves with the row when a compacted
+    decode gathers rows (`sampling.row_indices`). Finds `row_offset` on the state, or in its
+    `traced` options (a dict, where it is added when absent, or a dataclass)."""
+    ids = lambda offset: sampling.row_indices(self.done(state).shape[0], offset)
+    if hasattr(state, "row_offset"):
+      return state.replace(row_offset=ids(state.row_offset))
+    traced = state.traced
+    if isinstance(traced, dict):
+      return state.replace(traced=dict(traced, row_offset=ids(traced.get("row_offset", 0))))
+    return state.replace(traced=traced.replace(row_offset=ids(traced.row_offset)))
+
+  def without_row_ids(self, state):
+    """`with_row_ids` undone on a state whose rows are back in their batch order: the [B]
+    ids -> the [] index of row 0 (what `output` and `stats` then show)."""
+    first = lambda ids: ids[0]
+    if hasattr(state, "row_offset"):
+      return state.replace(row_offset=first(state.row_offset))
+    traced = state.traced
+    if isinstance(traced, dict):
+      return state.replace(traced=dict(traced, row_offset=first(traced["row_offset"])))
+    return state.replace(traced=traced.replace(row_offset=first(traced.row_offset)))
 
   def decode(self, params, tokens, valid, rng, traced, row_inputs=None,
              with_stats: bool = False):
@@ -359,6 +393,33 @@ def run(params, tokens, valid, rng, traced, row_inputs=None, *, decoder: Decoder
   return decoder.decode(params, tokens, valid, rng, traced, row_inputs, with_stats)
 
 
+def run_batch(params, tokens, valid, rng, traced, row_inputs=None, *, decoder: Decoder,
+              with_stats: bool = False):
+  """`run`'s result; for a decoder that `compacts` and more than one row, decoded in stages
+  of shrinking batch that finished rows leave (`compaction.run`), so a batch whose rows
+  finish apart costs no more than its rows decoded alone."""
+  if decoder.compacts and np.shape(tokens)[0] > 1:
+    return compaction.run(params, tokens, valid, rng, traced, row_inputs, decoder=decoder,
+                          with_stats=with_stats)
+  return run(params, tokens, valid, rng, traced, row_inputs, decoder=decoder,
+             with_stats=with_stats)
+
+
+def compiled_programs() -> tuple[int, int]:
+  """How many decode programs `run_batch` holds compiled: (whole decodes and first stages:
+  `run`'s and `compaction.start`'s, one per decoder, option set and shape; later stages
+  and merges: `compaction.stage`'s and `merge`'s, at most one per stage shape, compiled when
+  a decode first reaches it). A sweep that recompiles shows in the first."""
+  later = compaction.stage._cache_size() + compaction.merge._cache_size()
+  return run._cache_size() + compaction.start._cache_size(), later
+
+
+def clear_programs() -> None:
+  """Drops every compiled decode program of `run_batch` (the next decode traces anew)."""
+  for program in (run, compaction.start, compaction.stage, compaction.merge):
+    program.clear_cache()
+
+
 @functools.partial(jax.jit, static_argnames=("decoder",))
 def jit_init(params, tokens, valid, rng, traced, row_inputs=None, *, decoder: Decoder):
   return decoder.init(params, tokens, valid, rng, traced, row_inputs)
@@ -413,8 +474,8 @@ def decode_batch(decoder_cls, params, cfg: ModelConfig, prompt_tokens, prompt_va
   rng = jax.random.key(0) if rng is None else rng
   tokens, valid = base.prompt_inputs(prompt_tokens, prompt_valid)
   if mesh is None:
-    out = run(plan.params(params), tokens, valid, rng, plan.traced, plan.row_inputs,
-              decoder=plan.decoder, with_stats=with_stats)
+    out = run_batch(plan.params(params), tokens, valid, rng, plan.traced, plan.row_inputs,
+                    decoder=plan.decoder, with_stats=with_stats)
   else:
     out = run_on_mesh(plan, params, tokens, valid, rng, mesh, mesh_lib.rules_from_config(rules),
                       with_stats)

@@ -295,12 +295,23 @@ def factor_mask(conf: Array, candidates: Array, factor, *, invariant: bool = Fal
   return top_k_mask(conf, count, invariant=invariant)
 
 
+def row_indices(batch: int, offset=0) -> Array:
+  """[B] int32 global row indices: `offset + arange(B)` for a [] `offset` (the global index of
+  row 0, e.g. a data-parallel shard's first row), or `offset` itself when it is [B] (each
+  row's own index, which travels with the row when a compacted loop moves it:
+  `compaction`)."""
+  offset = jnp.asarray(offset, jnp.int32)
+  if offset.ndim == 1:
+    return offset
+  return jnp.arange(batch, dtype=jnp.int32) + offset
+
+
 def row_keys(rng: Array, step, batch: int, offset=0) -> Array:
   """[B] keys `fold_in(fold_in(rng, step), row)`: a row's randomness depends only on its own
   index, so padding a batch (e.g. to split it over devices) never changes the other rows.
 
   `offset` ([] int, may be traced) is the global index of row 0: a data-parallel shard of
-  a batch passes its first row's index so its keys equal the whole batch's."""
+  a batch passes its first row's index so its keys equal the whole batch's; a [B] `offset`
+  is each row's own index (`row_indices`)."""
   step_key = jax.random.fold_in(rng, step)
-  rows = jnp.arange(batch, dtype=jnp.int32) + jnp.asarray(offset, jnp.int32)
-  return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(rows)
+  return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(row_indices(batch, offset))

@@ -204,11 +204,10 @@ def verify(logits: Array, drafts: Array, n_drafts: Array, keys: Array, *,
 
 def row_keys(rng: Array, step, tag: int, batch: int, offset=0) -> Array:
   """[B] keys fold_in(fold_in(fold_in(rng, step), tag), row): a row's randomness depends
-  only on its own global index (`offset` + its index in the batch), so batching and data
-  shards never change it."""
+  only on its own global index (`offset` + its index in the batch, or a [B] `offset` of
+  each row's index: `sampling.row_indices`), so batching and data shards never change it."""
   key = jax.random.fold_in(jax.random.fold_in(rng, step), tag)
-  rows = jnp.arange(batch, dtype=jnp.int32) + jnp.asarray(offset, jnp.int32)
-  return jax.vmap(lambda r: jax.random.fold_in(key, r))(rows)
+  return jax.vmap(lambda r: jax.random.fold_in(key, r))(sampling.row_indices(batch, offset))
 
 
 def round_keys(rng: Array, step, rounds: Array, tag: int, offset=0) -> Array:
