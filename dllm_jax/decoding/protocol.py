@@ -167,26 +167,14 @@ class Decoder:
   def with_row_ids(self, state):
     """`state` with its [] `row_offset` (row r draws its keys as global row `row_offset + r`)
     replaced by the [B] global index of each row, which moves with the row when a compacted
-    decode gathers rows (`sampling.row_indices`). Finds `row_offset` on the state, or in its
-    `traced` options (a dict, where it is added when absent, or a dataclass)."""
-    ids = lambda offset: sampling.row_indices(self.done(state).shape[0], offset)
-    if hasattr(state, "row_offset"):
-      return state.replace(row_offset=ids(state.row_offset))
-    traced = state.traced
-    if isinstance(traced, dict):
-      return state.replace(traced=dict(traced, row_offset=ids(traced.get("row_offset", 0))))
-    return state.replace(traced=traced.replace(row_offset=ids(traced.row_offset)))
+    decode gathers rows (`sampling.row_indices`)."""
+    rows = self.done(state).shape[0]
+    return _map_row_offset(state, lambda offset: sampling.row_indices(rows, offset))
 
   def without_row_ids(self, state):
     """`with_row_ids` undone on a state whose rows are back in their batch order: the [B]
     ids -> the [] index of row 0 (what `output` and `stats` then show)."""
-    first = lambda ids: ids[0]
-    if hasattr(state, "row_offset"):
-      return state.replace(row_offset=first(state.row_offset))
-    traced = state.traced
-    if isinstance(traced, dict):
-      return state.replace(traced=dict(traced, row_offset=first(traced["row_offset"])))
-    return state.replace(traced=traced.replace(row_offset=first(traced.row_offset)))
+    return _map_row_offset(state, lambda ids: ids[0])
 
   def decode(self, params, tokens, valid, rng, traced, row_inputs=None,
              with_stats: bool = False):
@@ -288,6 +276,17 @@ class Decoder:
     nfe [B]): what a serving lane streams and harvests."""
     response, decided = self.view(state)
     return response, leading_true(decided), self.done(state), state.finite, self.forwards(state)
+
+
+def _map_row_offset(state, fn):
+  """`state` with `fn` applied to its `row_offset`: the state's own field, or the one in its
+  `traced` options (a dict, where a missing offset counts as 0, or a dataclass)."""
+  if hasattr(state, "row_offset"):
+    return state.replace(row_offset=fn(state.row_offset))
+  traced = state.traced
+  if isinstance(traced, dict):
+    return state.replace(traced=dict(traced, row_offset=fn(traced.get("row_offset", 0))))
+  return state.replace(traced=traced.replace(row_offset=fn(traced.row_offset)))
 
 
 def pad_axis(x: Array, axis: int, before: int, after: int, value) -> Array:
