@@ -148,9 +148,10 @@ def xla_flags(devices: int = 1) -> str:
   return f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}"
 
 
-def run_python(code: str, devices: int = 8, timeout: float = 600.0) -> str:
-  """Runs `code` with `devices` fake CPU devices; returns stdout, raises with stderr."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(devices))
+def run_python(code: str, devices: int = 8, timeout: float = 600.0, xla_extra: str = "") -> str:
+  """Runs `code` with `devices` fake CPU devices (and `xla_extra` XLA flags); returns stdout,
+  raises with stderr."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"{xla_flags(devices)} {xla_extra}")
   proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=timeout)
   if proc.returncode:

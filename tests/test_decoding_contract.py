@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from dllm_jax import decoding
-from dllm_jax.decoding import (api, ar, base, buckets, compaction, d2f, fast_dllm, llada,
-                               protocol, registry, streaming)
+from dllm_jax.decoding import (api, ar, base, buckets, compaction, d2f, drafters, fast_dllm,
+                               llada, protocol, registry, streaming)
 from dllm_jax.models import get_preset, init_params
 from dllm_jax.models.transformer import abstract_params
 from dllm_jax.parallel import mesh as mesh_lib
@@ -422,6 +422,44 @@ def test_rank_scores_break_near_ties_by_slot_only_when_invariant():
   np.testing.assert_array_equal(sampling.rank_scores(scores, False), scores)
   with pytest.raises(TypeError, match="static Python bool"):
     jax.jit(lambda s, f: sampling.rank_scores(s, f))(scores, True)
+
+
+def test_sort_descending_filters_as_the_reversed_sort_did():
+  """The filters' descending sort negates instead of reversing (a reversed tensor-sharded
+  vocabulary is a collective permute: tests/test_decoding_multidevice.py). On NaN-free rows
+  its values are `jnp.sort(x)[..., ::-1]`'s (signed zeros, infinities, ties), and top-k,
+  top-p and the drafters' per-row filter give the same logits, bit for bit, as the reversed
+  sort they used before."""
+  sampling = decoding.sampling
+  special = np.asarray([[0.0, -0.0, np.inf, -np.inf, 1.5, 1.5, -2.0, 3e-38, 1.5, 0.0]],
+                       np.float32)
+  rows = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+  for x in (special, rows, np.round(rows, 1)):
+    np.testing.assert_array_equal(sampling.sort_descending(jnp.asarray(x)),
+                                  jnp.sort(jnp.asarray(x), axis=-1)[..., ::-1])
+
+  def reversed_sort_filters(logits, top_k, top_p):  # the filters before, per row
+    v = logits.shape[-1]
+    desc = jnp.sort(logits, axis=-1)[..., ::-1]
+    kth = jnp.take_along_axis(desc, jnp.clip(top_k - 1, 0, v - 1)[:, None], axis=-1)
+    logits = jnp.where(((top_k <= 0) | (top_k >= v))[:, None] | (logits >= kth), logits,
+                       sampling.NEG_INF)
+    desc = jnp.sort(logits, axis=-1)[..., ::-1]
+    probs = jax.nn.softmax(desc, axis=-1)
+    idx = jnp.sum(jnp.cumsum(probs, axis=-1) - probs < top_p[:, None], -1, keepdims=True) - 1
+    cutoff = jnp.take_along_axis(desc, idx, axis=-1)
+    return jnp.where((top_p >= 1.0)[:, None] | (logits >= cutoff), logits, sampling.NEG_INF)
+
+  logits = jnp.asarray(np.round(rows * 3, 0))  # many exact ties at the cutoffs
+  top_k, top_p = jnp.asarray([0, 5, 12], jnp.int32), jnp.asarray([0.5, 0.9, 1.0])
+  want = reversed_sort_filters(logits, top_k, top_p)
+  np.testing.assert_array_equal(drafters.filtered_logits(logits, jnp.ones(3), top_k, top_p, ()),
+                                want)
+  for k, p in ((5, 0.9), (0, 0.5), (12, 1.0)):  # one value for every row: traced, static
+    want = reversed_sort_filters(logits, jnp.full(3, k), jnp.full(3, p))
+    for k_, p_ in ((jnp.int32(k), jnp.float32(p)), (k, p)):
+      got = sampling.filter_top_p(sampling.filter_top_k(logits, k_), p_)
+      np.testing.assert_array_equal(got, want, err_msg=f"top_k={k!r} top_p={p!r}")
 
 
 def test_batch_invariant_is_a_checked_option_of_the_ranking_methods():

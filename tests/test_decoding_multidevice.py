@@ -6,7 +6,9 @@ subprocess prints one line per check; each test asserts on its own lines.
 
 First part: the batch of 3 rows is padded to the data-parallel size 4 by `generate`;
 sampling at temperature > 0 checks that a row's random keys do not depend on the padding or
-the sharding. The diffusion methods rank with batch_invariant=True (the grid) in both parts:
+the sharding, and with top-k / top-p that the vocabulary sorts (over a `tensor`-sharded
+vocabulary) put no collective over every device into a shard's loop: the shards' loops run
+different trip counts under shard_map, so such a collective deadlocks. The diffusion methods rank with batch_invariant=True (the grid) in both parts:
 the default ranks exact scores, as the references do, and promises no mesh invariance.
 
 Second part: the model's own random init, whose confidences nearly tie (entropy noise across
@@ -37,7 +39,7 @@ cfg = get_preset("tiny").replace(eos_token_id=None)
 params = random_params(cfg)
 mesh = mesh_lib.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
 runs = {
-    "ar": dict(gen_length=12, temperature=1.0, top_k=10),
+    "ar": dict(gen_length=12, temperature=1.0, top_k=10, top_p=0.9),
     "llada": dict(gen_length=16, block_length=8, steps=8, cfg_scale=1.0, temperature=0.7,
                   batch_invariant=True),
     "fast_dllm": dict(gen_length=16, block_length=8, threshold=0.5, cache="dual",
@@ -74,8 +76,8 @@ assert mesh_lib.default_data_parallel(mesh_lib.make_mesh({"tensor": 8})) == "spm
 drafter = random_params(cfg, seed=1)
 hybrids = {
     "speculative": dict(gen_length=8, drafter="ar", draft_length=3, temperature=0.8,
-                        drafter_params=drafter, drafter_cfg=cfg),
-    "selfspec": dict(gen_length=8, draft_length=3, temperature=0.8),
+                        top_p=0.9, drafter_params=drafter, drafter_cfg=cfg),
+    "selfspec": dict(gen_length=8, draft_length=3, temperature=0.8, top_k=20, top_p=0.9),
     "adaptive": dict(gen_length=8, draft_length=3, parallel_confidence=0.66,
                      ar_confidence=0.55, drafter_params=drafter, drafter_cfg=cfg),
 }
@@ -89,6 +91,13 @@ for method, kw in hybrids.items():
     np.testing.assert_array_equal(np.asarray(getattr(own, field)),
                                   np.asarray(getattr(one, field)), err_msg=method + field)
   print("hybrids", method, "ok")
+
+# The shard_map programs so far, by name (the module's fixture dumps them; the third part's
+# mesh splits kv heads mid-head: an open issue, see test_no_collective_permute_...).
+import glob, os, re
+dump = re.search(r"--xla_dump_to=(\S+)", os.environ["XLA_FLAGS"]).group(1)
+print("data_mesh_programs", *sorted(os.path.basename(p) for p in glob.glob(
+    os.path.join(dump, "*_sharded*after_optimizations.txt"))))
 
 import flax.linen as nn
 from dllm_jax.decoding import base
@@ -133,9 +142,17 @@ for method, kw in runs.items():
 
 
 @pytest.fixture(scope="module")
-def lines():
+def shard_programs(tmp_path_factory):
+  """Where the subprocess dumps its shard_map programs (`data_parallel._sharded`) as text."""
+  return tmp_path_factory.mktemp("shard_programs")
+
+
+@pytest.fixture(scope="module")
+def lines(shard_programs):
   """The subprocess's output lines, keyed by their first word (run once per module)."""
-  out = run_python(CODE, devices=8, timeout=2400.0)  # the two former limits, 600 + 1800 s
+  dump = (f"--xla_dump_to={shard_programs} --xla_dump_hlo_as_text "
+          "--xla_dump_hlo_module_re=.*_sharded.*")
+  out = run_python(CODE, devices=8, timeout=2400.0, xla_extra=dump)  # 600 + 1800 s before
   by_part = {}
   for line in out.splitlines():
     part, *words = line.split()
@@ -151,6 +168,19 @@ def test_eight_devices_equal_one(lines):
 @pytest.mark.slow
 def test_hybrids_on_a_data_mesh_equal_one_device(lines):
   assert lines["hybrids"] == ["speculative", "ok", "selfspec", "ok", "adaptive", "ok"]
+
+
+@pytest.mark.slow
+def test_no_collective_permute_in_a_shards_program(lines, shard_programs):
+  """The shards' loops run different trip counts, so a collective over every device in one
+  (XLA:CPU's collective permute, e.g. a reversed `tensor`-sharded vocabulary) deadlocks when
+  rows finish at different steps: none may be compiled into the shard_map decodes of the
+  first two parts (docs/decoders.md). The third part's {data: 2, tensor: 4} mesh still has
+  one: 2 kv heads over 4 devices put half a head on each, and RoPE's half swap moves it."""
+  names = lines["data_mesh_programs"]
+  assert len(names) >= 6, names  # every shard_map run of the first two parts
+  for name in names:
+    assert "collective-permute" not in (shard_programs / name).read_text(), name
 
 
 @pytest.mark.slow

@@ -30,12 +30,12 @@ def _filtered_rows(logits: Array, temperature, top_k, top_p) -> Array:
   nucleus cutoffs, found by one sort; a row at temperature 0 is left unscaled (its greedy
   choice is taken elsewhere)."""
   v, n = logits.shape[-1], logits.ndim
-  sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+  sorted_logits = sampling.sort_descending(logits)
   k = jnp.broadcast_to(sampling.by_row(top_k, n), logits.shape[:-1] + (1,))
   kth = jnp.take_along_axis(sorted_logits, jnp.clip(k - 1, 0, v - 1), axis=-1)
   logits = jnp.where((k <= 0) | (k >= v) | (logits >= kth), logits, NEG_INF)
   top_p = sampling.by_row(top_p, n)
-  sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+  sorted_logits = sampling.sort_descending(logits)
   probs = jax.nn.softmax(sorted_logits, axis=-1)
   cutoff_idx = jnp.sum(jnp.cumsum(probs, axis=-1) - probs < top_p, axis=-1, keepdims=True) - 1
   cutoff = jnp.take_along_axis(sorted_logits, cutoff_idx, axis=-1)
@@ -58,7 +58,7 @@ def filtered_logits(logits: Array, temperature: float, top_k: int, top_p: float,
     kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
     logits = jnp.where(logits < kth, NEG_INF, logits)
   if top_p < 1.0:
-    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+    sorted_logits = sampling.sort_descending(logits)
     probs = jax.nn.softmax(sorted_logits, axis=-1)
     cutoff_idx = jnp.sum(jnp.cumsum(probs, axis=-1) - probs < top_p, axis=-1, keepdims=True) - 1
     cutoff = jnp.take_along_axis(sorted_logits, cutoff_idx, axis=-1)

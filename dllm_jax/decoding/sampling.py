@@ -141,6 +141,15 @@ def propose(logits: Array, rng: Array | None, *, temperature) -> Array:
   return gumbel_argmax(logits, temperature, rng)
 
 
+def sort_descending(x: Array, axis: int = -1) -> Array:
+  """`jnp.sort(x, axis)[..., ::-1]`'s values on NaN-free input (equal values such as -0.0 and
+  0.0 may trade places; NaNs go last, not first), found without the reversal: reversing an
+  axis the mesh shards (the vocabulary over `tensor`) is a collective permute, and under
+  `shard_map` the data shards' loops run different trip counts, so a collective over every
+  device in a loop body deadlocks (XLA:CPU's permute waits for all of them)."""
+  return -jnp.sort(-x, axis=axis)
+
+
 def filter_top_k(logits: Array, top_k) -> Array:
   """Keeps the k largest logits per row (0 = keep all)."""
   v = logits.shape[-1]
@@ -150,7 +159,7 @@ def filter_top_k(logits: Array, top_k) -> Array:
     kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
     return jnp.where(logits < kth, NEG_INF, logits)
   top_k = jnp.asarray(top_k, jnp.int32)
-  sorted_desc = jnp.sort(logits, axis=-1)[..., ::-1]
+  sorted_desc = sort_descending(logits)
   kth = jax.lax.dynamic_index_in_dim(sorted_desc, jnp.clip(top_k - 1, 0, v - 1), axis=-1)
   keep_all = (top_k <= 0) | (top_k >= v)
   return jnp.where(keep_all | (logits >= kth), logits, NEG_INF)
@@ -160,7 +169,7 @@ def filter_top_p(logits: Array, top_p) -> Array:
   """Nucleus filtering: keeps the smallest set of tokens whose probability reaches top_p."""
   if _is_number(top_p) and top_p >= 1.0:
     return logits
-  sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+  sorted_logits = sort_descending(logits)
   probs = jax.nn.softmax(sorted_logits, axis=-1)
   # A token is kept when the mass strictly before it is < top_p (the top token always is).
   mass_before = jnp.cumsum(probs, axis=-1) - probs
@@ -286,7 +295,7 @@ def factor_mask(conf: Array, candidates: Array, factor, *, invariant: bool = Fal
   c_n >= 1 - factor / (n + 1) (n counted from 1), at least one per row with candidates;
   which n is `top_k_mask`'s choice."""
   conf = jnp.where(candidates, conf, NEG_INF)
-  sorted_conf = jnp.sort(conf, axis=-1)[..., ::-1]
+  sorted_conf = sort_descending(conf)
   n = jnp.arange(1, conf.shape[-1] + 1, dtype=jnp.float32)
   ok = sorted_conf >= 1.0 - by_row(factor, conf.ndim) / (n + 1.0)
   # The largest n whose prefix all satisfies the rule.
