@@ -41,11 +41,6 @@ EXTRA_LANES = {"llada": dict(gen_length=G, block_length=4, temperature=1.0),
                "selfspec": dict(gen_length=G, draft_length=3, temperature=1.0),
                "adaptive": dict(gen_length=G, draft_length=3, temperature=1.0)}
 ALL_LANES = {**LANES, **EXTRA_LANES}
-# Methods whose `generate` holds the temperature static (one program per value; the engine
-# carries it per row): their references are cheapest at a few temperatures
-# (`STATIC_TEMPERATURES`: greedy, the lane's own 1.0 and one other).
-STATIC_TEMPERATURE = ("speculative", "selfspec", "adaptive")
-STATIC_TEMPERATURES = (0.0, 0.7, 1.0)
 PROMPT_BUCKET = 32
 ENGINE_ARGS = ["--slots", str(SLOTS), "--prompt-buckets", str(PROMPT_BUCKET), "--admit-sizes", str(SLOTS),
                "--max-prompt-tokens", "32", "--max-steps-per-run", "4"]
@@ -188,13 +183,12 @@ class References:
     return opts
 
   def compile_all(self) -> None:
-    """Compiles the reference programs of every lane's method (greedy and sampled; every
-    temperature of `STATIC_TEMPERATURES` for the methods that compile each): run while a
-    server warms up, the two compile side by side."""
+    """Compiles the reference programs of every lane's method, greedy and sampled (a
+    temperature > 0 is traced: one program serves them all): run while a server warms up,
+    the two compile side by side."""
     ids = self.ids("warm up")
     for method in ALL_LANES:
-      temperatures = STATIC_TEMPERATURES if method in STATIC_TEMPERATURE else (0.0, 1.0)
-      for t in temperatures:
+      for t in (0.0, 1.0):
         self.tokens(method, ids, 0, temperature=t)
 
   def ids(self, prompt: str) -> list[int]:

@@ -7,6 +7,8 @@ Sampling: the joint distribution of the generated tokens against the exact AR di
 (enumerated on an 8-id vocabulary) by a seeded chi-square test.
 """
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -15,7 +17,7 @@ import optax
 import pytest
 from scipy import stats
 
-from dllm_jax.decoding import ar, protocol, selfspec, speculative
+from dllm_jax.decoding import api, ar, protocol, selfspec, speculative
 from dllm_jax.decoding.base import pad_prompts
 from dllm_jax.diffusion.objectives import make_objective
 from dllm_jax.models import abstract_params, forward, get_preset
@@ -201,9 +203,6 @@ def test_selfspec_drafter_drafts_in_its_training_layout(random_models, monkeypat
     return drafts, conf, cache
 
   monkeypatch.setattr(speculative, "diffusion_draft", spy)
-  # One loop over the whole batch (no stages that finished rows leave), so every recorded
-  # draft has a row per prompt, in prompt order.
-  monkeypatch.setattr(protocol, "run_batch", protocol.run)
   protocol.clear_programs()  # trace the spy, and leave no program holding it
   try:
     tokens, valid = batch_of(PROMPTS)
@@ -390,6 +389,47 @@ def test_sampling_matches_ar_distribution(method):
   # The test has power: the drafter's own distribution is far from the target's.
   wrong = exact_ar_distribution(drafter, prompt, 1.0)
   assert chi_square_p(out.tokens, wrong) < 1e-6
+
+
+# ----------------------------------------------------------------------------- traced sampling
+
+# The hybrids' options for the sweep: a drafter with unrelated weights, so rounds reject and
+# sample from the residual; adaptive verifies every round (its rule never leaves VERIFY).
+SWEPT = {"speculative": dict(drafter="ar", draft_length=K),
+         "selfspec": dict(draft_length=K),
+         "adaptive": dict(draft_length=K, parallel_confidence=float("inf"), ar_confidence=0.0,
+                          min_acceptance=0.0, trust_streak=0)}
+SWEEP = (dict(temperature=0.3), dict(temperature=0.7, top_k=5),
+         dict(temperature=1.3, top_p=0.8))
+
+
+@pytest.mark.parametrize("method", [pytest.param("speculative", marks=pytest.mark.slow),
+                                    "selfspec", pytest.param("adaptive", marks=pytest.mark.slow)])
+def test_a_sampling_sweep_compiles_once_and_equals_the_static_program(random_models, method):
+  """generate at temperatures 0.3, 0.7 and 1.3 (with top_k, then top_p) runs one program for
+  the three (the target's sampling is traced, `speculative.split_sampling`), and each output
+  equals that of the program holding those options static (the decoder built from options
+  not split: one program per value, as `plan` compiled before)."""
+  target, stranger = random_models
+  cfg = CFG.replace(max_seq_len=100)  # a config no other test compiles for
+  options = dict(SWEPT[method], gen_length=G)
+  if method != "selfspec":
+    options.update(drafter_params=stranger, drafter_cfg=cfg)
+  tokens, valid = batch_of(PROMPTS)
+  rng = jax.random.key(5)
+  before = protocol.compiled_programs()[0]
+  outs = [api.generate(target, cfg, (tokens, valid), method=method, rng=rng, pad_to=None,
+                       batch_buckets=None, **options, **sampling) for sampling in SWEEP]
+  assert protocol.compiled_programs()[0] == before + 1
+  assert len({np.asarray(o.tokens).tobytes() for o in outs}) == len(SWEEP)
+  for sampling, out in zip(SWEEP, outs):
+    plan = protocol.plan(method, cfg, {**options, **sampling})
+    opts = dataclasses.replace(plan.decoder.opts, **{**speculative.SAMPLING, **sampling})
+    static = {k: v for k, v in plan.traced.items() if k not in speculative.SAMPLING}
+    ref = protocol.run(plan.params(target), tokens, valid, rng, static, plan.row_inputs,
+                       decoder=dataclasses.replace(plan.decoder, opts=opts))
+    same_tokens(out, ref)
+    assert int(out.nfe) == int(ref.nfe), sampling
 
 
 # ----------------------------------------------------------------------------- errors

@@ -20,16 +20,17 @@ import openai
 import pytest
 
 import tiny_llada
-from serve_server import (ALL_LANES, EXTRA_LANES, G, KEY, LANES, SLOTS, STATIC_TEMPERATURE,
-                          STATIC_TEMPERATURES, References, ServerProcess)
+from serve_server import ALL_LANES, EXTRA_LANES, G, KEY, LANES, SLOTS, References, ServerProcess
 
 PROMPTS = ["Hello world", "The quick brown fox", "import os", "def f(x):"]
 # The temperatures of test_every_lane_method_...'s 4 requests: greedy, sampled at 0.7 and
 # at the lane's own 1.0, so each row is seen to sample at its own.
 LANE_TEMPERATURES = (0.0, 0.7, 1.0, 0.7)
-# The 16 requests' temperatures of test_16_concurrent_...: 16 values, or for a method whose
-# generate compiles each temperature (STATIC_TEMPERATURE) its references' 3, in turn.
+# The 16 requests' temperatures of test_16_concurrent_..., greedy among them (a reference
+# `generate` compiles one greedy and one sampled program per method: temperatures are traced).
 TEMPERATURES = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5, 1.7, 2.0, 0.6)
+# The methods whose lanes take top_p (the target's nucleus, traced per row).
+TOP_P = ("ar", "speculative", "selfspec", "adaptive")
 
 
 @pytest.fixture(scope="module")
@@ -83,21 +84,19 @@ def test_greedy_completions_equal_generate(client, refs, method):
 @pytest.mark.parametrize("method", list(ALL_LANES))
 def test_16_concurrent_requests_with_their_own_temperatures_and_seeds(server, refs, method):
   """16 requests (async client) with their own seeds and temperatures (`TEMPERATURES`),
-  greedy among them, fill the lane's 16 slots: each equals its prompt decoded alone by
-  `generate`."""
-  temps = TEMPERATURES if method not in STATIC_TEMPERATURE else [
-      STATIC_TEMPERATURES[i % 3] for i in range(SLOTS)]
-  assert len(temps) == SLOTS
-  extra = [{"top_p": 0.9} if method == "ar" and i % 3 == 0 else {} for i in range(SLOTS)]
+  greedy among them (and top_p 0.9 in every third, for the methods that take top_p), fill
+  the lane's 16 slots: each equals its prompt decoded alone by `generate`."""
+  assert len(set(TEMPERATURES)) == SLOTS
+  extra = [{"top_p": 0.9} if method in TOP_P and i % 3 == 0 else {} for i in range(SLOTS)]
 
   async def main():
     async with aclient(server) as c:
       return await asyncio.gather(*[
           c.completions.create(model=method, prompt=PROMPTS[i % 4], temperature=t, seed=7 * i,
-                               extra_body=extra[i]) for i, t in enumerate(temps)])
+                               extra_body=extra[i]) for i, t in enumerate(TEMPERATURES)])
 
   answers = asyncio.run(main())
-  for i, (t, answer) in enumerate(zip(temps, answers)):
+  for i, (t, answer) in enumerate(zip(TEMPERATURES, answers)):
     want = refs.text(method, refs.ids(PROMPTS[i % 4]), 7 * i, temperature=t, **extra[i])
     assert answer.choices[0].text == want, (method, t)
 

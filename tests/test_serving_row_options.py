@@ -12,10 +12,9 @@ programs, compiled by `warmup`), but for the hybrids' lanes (speculative, selfsp
 adaptive), which take the engine shape of test_serving_speculative.py (3 slots < 12 requests,
 so rows join beside rows with other options there too) and so its sampled lanes' programs;
 the references share two programs per lane (greedy and sampled: traced options never
-recompile), but for the hybrids, whose `generate` holds the target's sampling options static
-(one program per combination; their lanes carry them per row). After warmup the engine
-compiles nothing while it serves the mixed requests (counted with `backend_compiles`, with
-the persistent compilation cache off, so a counted event is a compile). The references and
+recompile). After warmup the engine compiles nothing while it serves the mixed requests
+(counted with `backend_compiles`, with the persistent compilation cache off, so a counted
+event is a compile). The references and
 warmup use the run's cache: the speculative lanes' references are the programs of
 test_serving_speculative.py's lanes.
 """
@@ -66,7 +65,7 @@ LANES = {
                        dict(temperature=[0.0, 0.8, 1.3], top_p=[1.0, 0.8], top_k=[0, 4])),
     "speculative_d2f": ("speculative", dict(gen_length=G, drafter="d2f", draft_length=3),
                         dict(temperature=[0.0, 0.7, 1.1], top_p=[1.0, 0.9])),
-    # The hybrids whose target samples as speculative's does (`RoundDecoder.lane_plan`):
+    # The hybrids whose target samples as speculative's does (`speculative.split_sampling`):
     # selfspec on the same weights (drafts from its mask block), adaptive with the target as
     # its D2F drafter and per-request thresholds (its rows run all three modes, sampled rows
     # in VERIFY and AR).

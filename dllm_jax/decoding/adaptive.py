@@ -57,8 +57,8 @@ def _task_modes(value) -> tuple[tuple[str, str], ...]:
 
 @dataclasses.dataclass(frozen=True)
 class AdaptiveOptions:
-  """Options (hashable). The four thresholds are traced: `split` moves them out of the jit
-  key, so sweeping them never recompiles.
+  """Options (hashable). The four thresholds and the target's sampling are traced: `split`
+  moves them out of the jit key, so sweeping them (temperatures > 0) never recompiles.
 
   Attributes:
     gen_length: G, the most tokens generated per row.
@@ -115,11 +115,13 @@ class AdaptiveOptions:
     return self.draft_steps
 
   def split(self):
-    """(static options with canonical thresholds and no task map, {name: [] array})."""
+    """(static options with canonical thresholds and sampling (`spec.split_sampling`) and no
+    task map, {name: [] array})."""
     canonical = {"parallel_confidence": 0.9, "ar_confidence": 0.2, "min_acceptance": 0.25,
                  "trust_streak": 4}
     static, traced = base.split_options(self, canonical, {"trust_streak": np.int32})
-    return dataclasses.replace(static, task_modes=()), traced
+    static, sampling = spec.split_sampling(static)
+    return dataclasses.replace(static, task_modes=()), {**traced, **sampling}
 
   def forced_modes(self, tasks, batch: int) -> np.ndarray:
     """[B] int32 mode code each row's task tag forces, or -1 (no tag, or "auto")."""
@@ -199,8 +201,8 @@ class AdaptiveState:
   done, finite, rounds (rounds the row was live), forwards (the forwards a one-row decode of
   the row counts: its target forwards + its drafter's) [B]; the per-round records [B, G],
   column i the row's own round i; both caches (see speculative.SpeculativeState); traced, the
-  rule's traced thresholds ({name: []}; a serving lane's rows: {name: [B]}, with the
-  target's sampling options too, `spec.sampling_options`)."""
+  rule's thresholds and the target's sampling options (`spec.sampling_options`) ({name: []};
+  a serving lane's rows: {name: [B]})."""
   response: Array
   n: Array
   prompt_len: Array
@@ -257,7 +259,7 @@ def _round(state: AdaptiveState, mode, drafts, conf, logits, tcache, dcache, t_k
   n_drafts = jnp.where(verifying, k, 0)
   keys = spec.round_keys(state.rng, state.step, state.rounds, 1,
                          state.traced.get("row_offset", 0))
-  temperature, top_k, top_p = spec.sampling_options(opts, state.traced)
+  temperature, top_k, top_p = spec.sampling_options(opts, state.traced, b)
   choice, a = spec.verify(logits, drafts, n_drafts, keys, temperature=temperature,
                           top_k=top_k, top_p=top_p, forbid_ids=(tcfg.mask_token_id,))
   parallel = mode == PARALLEL

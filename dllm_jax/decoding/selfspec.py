@@ -28,7 +28,8 @@ Array = jnp.ndarray
 
 @dataclasses.dataclass(frozen=True)
 class SelfSpecOptions:
-  """Static options (hashable: a jit static argument).
+  """Options (hashable: a jit static argument; `plan` traces the sampling,
+  `spec.split_sampling`).
 
   Attributes:
     gen_length: G, the most tokens generated per row.
@@ -77,8 +78,8 @@ class SelfSpecState:
   step: Array
   rng: Array
   row_offset: Array  # [] the global index of row 0 (a data shard's first row)
-  # Sampling options per row ({temperature, top_k, top_p}: [B] arrays) replacing the static
-  # ones (a serving lane's rows: `spec.RoundDecoder.lane_plan`); None: the options' own.
+  # The traced options: sampling ({temperature, top_k, top_p}: [] each, or [B] in a serving
+  # lane's rows; `spec.sampling_options` reads them) and row_offset.
   traced: dict | None = None
 
 
@@ -114,7 +115,7 @@ def _round(params, cfg, opts, state: SelfSpecState, hidden, mask_hidden, cache, 
   k = opts.draft_length
   logits = project(params, cfg, hidden)
   read = jnp.arange(k + 1)[None] <= n_drafts[:, None]             # the clean slots verified
-  temperature, top_k, top_p = spec.sampling_options(opts, state.traced)
+  temperature, top_k, top_p = spec.sampling_options(opts, state.traced, logits.shape[0])
   choice, accepted = spec.verify(logits, state.draft, n_drafts, keys, temperature=temperature,
                                  top_k=top_k, top_p=top_p, forbid_ids=(cfg.mask_token_id,))
   live = ~state.done
@@ -141,8 +142,8 @@ def _round(params, cfg, opts, state: SelfSpecState, hidden, mask_hidden, cache, 
 
 def _init(params, prompt, valid, rng, *, cfg: ModelConfig, opts: SelfSpecOptions, offset=0,
           traced: dict | None = None):
-  """The prompt's forward and round 0. `traced`: per-row sampling options that replace the
-  static ones (`spec.sampling_options`), or None."""
+  """The prompt's forward and round 0. `traced`: the traced sampling options ([] or [B];
+  `spec.sampling_options`), or None (the options' own)."""
   b, p = prompt.shape
   g, k = opts.gen_length, opts.draft_length
   prompt_len = valid.sum(-1, dtype=jnp.int32)
@@ -246,16 +247,15 @@ class SelfSpecDecoder(spec.RoundDecoder):
   @classmethod
   def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:
     check_model(cfg)
-    opts = base.make_options(SelfSpecOptions, options)
-    return protocol.Plan(cls(cfg, opts), {"row_offset": np.int32(0)})
+    static, traced = spec.split_sampling(base.make_options(SelfSpecOptions, options))
+    return protocol.Plan(cls(cfg, static), {"row_offset": np.int32(0), **traced})
 
   def check(self, tokens, valid) -> None:
     check(self.cfg, tokens, valid, self.opts)
 
   def init(self, params, tokens, valid, rng, traced, row_inputs=None):
     return _init(params, tokens, valid, rng, cfg=self.cfg, opts=self.opts,
-                 offset=traced["row_offset"],
-                 traced=traced if "temperature" in traced else None)
+                 offset=traced["row_offset"], traced=traced)
 
   def step(self, params, state):
     return _step(params, state, cfg=self.cfg, opts=self.opts)

@@ -54,7 +54,8 @@ def check_draft_options(opts) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class SpeculativeOptions:
-  """Static options (hashable: a jit static argument).
+  """Options (hashable: a jit static argument; `plan` traces the target's sampling,
+  `split_sampling`).
 
   Attributes:
     gen_length: G, the most tokens generated per row.
@@ -137,8 +138,8 @@ class SpeculativeState:
   drafter_forwards: Array
   rng: Array
   row_offset: Array  # [] the global index of row 0 (a data shard's first row)
-  # The target's sampling options per row ({temperature, top_k, top_p}: [B] arrays), which
-  # replace the static ones (the serving engine's rows); None: the options' own.
+  # The traced options: the target's sampling ({temperature, top_k, top_p}: [] each, or [B]
+  # in a serving lane's rows; `sampling_options` reads them) and row_offset.
   traced: dict | None = None
 
 
@@ -274,7 +275,7 @@ def _verify_and_commit(tparams, tcfg, opts, state: SpeculativeState, chunk, out_
   logits = project(tparams, tcfg, hidden[:, out_from:out_from + k + 1])
   live = ~state.done
   n_drafts = jnp.where(live, k, 0)
-  temperature, top_k, top_p = sampling_options(opts, state.traced)
+  temperature, top_k, top_p = sampling_options(opts, state.traced, live.shape[0])
   choice, accepted = verify(logits, drafts, n_drafts, keys, temperature=temperature,
                             top_k=top_k, top_p=top_p, forbid_ids=(tcfg.mask_token_id,),
                             draft_probs=q)
@@ -282,19 +283,32 @@ def _verify_and_commit(tparams, tcfg, opts, state: SpeculativeState, chunk, out_
   return tcache, accepted, response, count, done, jnp.isfinite(logits).all((1, 2))
 
 
-def sampling_options(opts, traced: dict | None):
-  """(temperature, top_k, top_p) a round samples with: the static options' numbers, or the
-  per-row `traced` arrays where it holds them (`RoundDecoder.lane_plan`; unless the static
-  temperature is 0: the greedy program, which holds no sampling)."""
+# The target's sampling options, traced ([] each in a plan; [B], one per row, in a serving
+# lane's rows): a sweep of temperatures > 0, top_k or top_p compiles one program, while
+# temperature 0 keeps its own draw-free one (`base.ZERO_IS_STATIC`).
+SAMPLING = {"temperature": 0.0, "top_k": 0, "top_p": 1.0}
+
+
+def split_sampling(opts):
+  """(opts with the canonical sampling options, {temperature, top_k, top_p} [] arrays): the
+  split every hybrid's `plan` makes (`base.split_options`)."""
+  return base.split_options(opts, SAMPLING, {"top_k": np.int32})
+
+
+def sampling_options(opts, traced: dict | None, batch: int):
+  """(temperature, top_k, top_p) a round of `batch` rows samples with: [B] arrays from
+  `traced` (a plan's [] value is every row's; `split_sampling`), or the static options'
+  numbers where the static temperature is 0 (the greedy program, which holds no sampling) or
+  `traced` holds none (options not split: one program per value)."""
   if traced is None or "temperature" not in traced or opts.temperature == 0.0:
     return opts.temperature, opts.top_k, opts.top_p
-  return traced["temperature"], traced["top_k"], traced["top_p"]
+  return tuple(jnp.broadcast_to(traced[name], (batch,)) for name in SAMPLING)
 
 
 def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: SpeculativeOptions,
           offset=0, traced: dict | None = None) -> SpeculativeState:
-  """Round 0. `traced`: per-row sampling options ({temperature, top_k, top_p} [B]) that
-  replace the static ones (`sampling_options`), or None."""
+  """Round 0. `traced`: the traced sampling options ({temperature, top_k, top_p}: [] or [B];
+  `sampling_options`), or None (the options' own)."""
   b, p = prompt.shape
   g, k = opts.gen_length, opts.draft_length
   prompt = prompt.astype(jnp.int32)
@@ -309,7 +323,7 @@ def _init(tparams, dparams, prompt, valid, rng, *, tcfg, dcfg, opts: Speculative
     first = (prompt, ppos, valid, write_p, jnp.full((b,), p - 1, jnp.int32))
     drafts, q, dcache, d_ok = ar_draft(dparams, dcfg, opts, forbid, first, dcache, prompt_len,
                                        round_keys(rng, 0, zeros, 0, offset),
-                                       sampling_options(opts, traced))
+                                       sampling_options(opts, traced, b))
     d_forwards = k
   else:
     context = (prompt, _context_ids(opts, ppos, jnp.zeros_like(prompt)), ppos, valid,
@@ -378,7 +392,7 @@ def _step(tparams, dparams, state: SpeculativeState, *, tcfg, dcfg, opts: Specul
     drafts, q, dcache, d_ok = ar_draft(dparams, dcfg, opts, forbid, first, state.dcache,
                                        last_pos + 1,
                                        round_keys(state.rng, state.step, state.rounds, 0, state.row_offset),
-                                       sampling_options(opts, state.traced))
+                                       sampling_options(opts, state.traced, b))
     d_forwards = k
   else:
     p = state.tcache.capacity - g
@@ -449,19 +463,9 @@ def output(cfg: ModelConfig, opts: SpeculativeOptions, state: SpeculativeState):
 class RoundDecoder(protocol.Decoder):
   """A hybrid: each round commits a prefix of `n` tokens per row, and its module's
   `output(cfg, opts, state)` gives (DecodeOutput, stats) (speculative, selfspec, adaptive).
-  Served, the target's sampling (temperature, top_k, top_p) is traced per row (`lane_plan`)."""
+  The target's sampling (temperature, top_k, top_p) is traced (`split_sampling`): one program
+  for every temperature > 0, and served, one lane's rows each sample with their own."""
   finish = None  # the module's output function, a staticmethod
-
-  @classmethod
-  def lane_plan(cls, cfg: ModelConfig, options: dict) -> protocol.Plan:
-    """`plan`, with the sampling options moved to the traced part ([] each; the state's
-    `traced`, read by `sampling_options`), so one lane's rows sample each with their own.
-    Temperature 0 keeps its own program (the greedy rule: `base.ZERO_IS_STATIC`)."""
-    plan = cls.plan(cfg, **options)
-    static, traced = base.split_options(plan.decoder.opts, {"temperature": 0.0, "top_k": 0,
-                                                            "top_p": 1.0}, {"top_k": np.int32})
-    return dataclasses.replace(plan, decoder=dataclasses.replace(plan.decoder, opts=static),
-                               traced=dict(plan.traced, **traced))
 
   def running(self, state):
     return rounds_left(self.opts, state)
@@ -528,7 +532,8 @@ class SpeculativeDecoder(DraftedDecoder):
            **options) -> protocol.Plan:
     opts = base.make_options(SpeculativeOptions, options)
     check_drafter(cfg, drafter_params, drafter_cfg, registry.name_of(cls))
-    return protocol.Plan(cls(cfg, opts, drafter_cfg), {"row_offset": np.int32(0)},
+    static, traced = split_sampling(opts)
+    return protocol.Plan(cls(cfg, static, drafter_cfg), {"row_offset": np.int32(0), **traced},
                          drafter_params)
 
   def check(self, tokens, valid) -> None:
@@ -539,8 +544,7 @@ class SpeculativeDecoder(DraftedDecoder):
 
   def init(self, params, tokens, valid, rng, traced, row_inputs=None):
     return _init(*params, tokens, valid, rng, tcfg=self.cfg, dcfg=self.drafter_cfg,
-                 opts=self.opts, offset=traced["row_offset"],
-                 traced=traced if "temperature" in traced else None)
+                 opts=self.opts, offset=traced["row_offset"], traced=traced)
 
   def step(self, params, state):
     return _step(*params, state, tcfg=self.cfg, dcfg=self.drafter_cfg, opts=self.opts)
