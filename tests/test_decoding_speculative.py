@@ -203,6 +203,9 @@ def test_selfspec_drafter_drafts_in_its_training_layout(random_models, monkeypat
     return drafts, conf, cache
 
   monkeypatch.setattr(speculative, "diffusion_draft", spy)
+  # One loop over the whole batch (no stages that finished rows leave), so every recorded
+  # draft has a row per prompt, in prompt order.
+  monkeypatch.setattr(protocol, "run_batch", protocol.run)
   protocol.clear_programs()  # trace the spy, and leave no program holding it
   try:
     tokens, valid = batch_of(PROMPTS)
