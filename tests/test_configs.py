@@ -186,6 +186,9 @@ def test_default_study_mode_mixes_safe_short_and_failing_tasks():
   assert bd.objective.options["block_size"] == study.models.d2f.objective.options["block_size"]
   assert {k: bd.model[k] for k in module.DRAFT_WIDTH} == module.DRAFT_WIDTH
   assert bd.train.steps == study.models.mdm.train.steps
+  # The narrow AR drafter trains with the AR model's recipe, its steps included (STEPS'
+  # comment counts its cost with the AR model's).
+  assert study.models.ar_draft.train.steps == study.models.ar.train.steps
   assert module.get_config("short").data.tasks == "arithmetic:1"
 
 
