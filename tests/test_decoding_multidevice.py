@@ -15,7 +15,9 @@ Second part: the model's own random init, whose confidences nearly tie (entropy 
 batch sizes and meshes is ~1e-6): every row alone, in a batch of 4 and on a
 {data: 2, tensor: 4} mesh must get the same tokens (batch_invariant: ranking on a grid,
 lowest slot first),
-and params already sharded on the mesh must be used where they are. Its AR run uses the
+and params already sharded on the mesh must be used where they are. Its 2 kv heads do not
+split over tensor=4, so the k/v kernels keep whole heads and no shard's loop holds a
+collective permute (RoPE's half swap over half-heads would be one). Its AR run uses the
 first part's gen_length (12); it is greedy where the first part samples, so the two compile
 separate 1-device programs.
 """
@@ -92,12 +94,13 @@ for method, kw in hybrids.items():
                                   np.asarray(getattr(one, field)), err_msg=method + field)
   print("hybrids", method, "ok")
 
-# The shard_map programs so far, by name (the module's fixture dumps them; the third part's
-# mesh splits kv heads mid-head: an open issue, see test_no_collective_permute_...).
+# The shard_map programs so far, by name (the module's fixture dumps them).
 import glob, os, re
 dump = re.search(r"--xla_dump_to=(\S+)", os.environ["XLA_FLAGS"]).group(1)
-print("data_mesh_programs", *sorted(os.path.basename(p) for p in glob.glob(
-    os.path.join(dump, "*_sharded*after_optimizations.txt"))))
+programs = lambda: {os.path.basename(p) for p in glob.glob(
+    os.path.join(dump, "*_sharded*after_optimizations.txt"))}
+first_parts = programs()
+print("data_mesh_programs", *sorted(first_parts))
 
 import flax.linen as nn
 from dllm_jax.decoding import base
@@ -138,6 +141,9 @@ for method, kw in runs.items():
     alone = np.asarray(api.generate(params, cfg, [prompt], method=method, **kw).tokens)[0]
     np.testing.assert_array_equal(alone, batch[i], err_msg=f"{method} row {i} alone")
   print("invariance", method, "ok")
+
+# The third part's shard_map programs (its mesh has 2 kv heads on a tensor axis of 4).
+print("tensor4_programs", *sorted(programs() - first_parts))
 """
 
 
@@ -174,12 +180,15 @@ def test_hybrids_on_a_data_mesh_equal_one_device(lines):
 def test_no_collective_permute_in_a_shards_program(lines, shard_programs):
   """The shards' loops run different trip counts, so a collective over every device in one
   (XLA:CPU's collective permute, e.g. a reversed `tensor`-sharded vocabulary) deadlocks when
-  rows finish at different steps: none may be compiled into the shard_map decodes of the
-  first two parts (docs/decoders.md). The third part's {data: 2, tensor: 4} mesh still has
-  one: 2 kv heads over 4 devices put half a head on each, and RoPE's half swap moves it."""
+  rows finish at different steps: none may be compiled into a shard_map decode
+  (docs/decoders.md). That includes the third part's {data: 2, tensor: 4} mesh, where 2 kv
+  heads cannot split over 4 devices: the k/v kernels keep whole heads (replicated on tensor)
+  rather than half a head per device, whose RoPE half swap would move data between them."""
   names = lines["data_mesh_programs"]
   assert len(names) >= 6, names  # every shard_map run of the first two parts
-  for name in names:
+  third = lines["tensor4_programs"]
+  assert len(third) >= 6, third  # every method of the third part ran under shard_map
+  for name in names + third:
     assert "collective-permute" not in (shard_programs / name).read_text(), name
 
 

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from dllm_jax.models import masks
 from dllm_jax.models.config import ModelConfig
+from dllm_jax.parallel.mesh import with_unit_partitioning
 
 Array = jnp.ndarray
 _KERNEL_INIT = nn.initializers.normal(stddev=0.02)
@@ -66,7 +67,11 @@ def _matmul(x: Array, w: Array) -> Array:
 
 
 class Dense(nn.Module):
-  """y = x @ kernel (+ bias) (+ (alpha / r) * dropout(x) @ lora_a @ lora_b)."""
+  """y = x @ kernel (+ bias) (+ (alpha / r) * dropout(x) @ lora_a @ lora_b).
+
+  `units` pairs a logical axis with the width of one indivisible unit along it (attention's
+  flat H*Dh dims: (("heads", Dh),)); the mesh then splits those dims only between units.
+  """
   features: int
   axes: tuple[str, str]
   dtype: jnp.dtype
@@ -75,24 +80,23 @@ class Dense(nn.Module):
   lora_rank: int = 0
   lora_scale: float = 0.0
   lora_dropout: float = 0.0
+  units: tuple[tuple[str, int], ...] = ()
 
   @nn.compact
   def __call__(self, x: Array, deterministic: bool = True) -> Array:
     d_in = x.shape[-1]
-    kernel = self.param("kernel", nn.with_logical_partitioning(_KERNEL_INIT, self.axes),
+    boxed = lambda init, names: with_unit_partitioning(init, names, self.units)
+    kernel = self.param("kernel", boxed(_KERNEL_INIT, self.axes),
                         (d_in, self.features), self.param_dtype)
     y = _matmul(x.astype(self.dtype), kernel.astype(self.dtype))
     if self.use_bias:
-      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
-                                                             (self.axes[1],)),
+      bias = self.param("bias", boxed(nn.initializers.zeros, (self.axes[1],)),
                         (self.features,), self.param_dtype)
       y = y + bias.astype(self.dtype)
     if self.lora_rank:
-      lora_a = self.param("lora_a", nn.with_logical_partitioning(_LORA_A_INIT,
-                                                                 (self.axes[0], "lora")),
+      lora_a = self.param("lora_a", boxed(_LORA_A_INIT, (self.axes[0], "lora")),
                           (d_in, self.lora_rank), self.param_dtype)
-      lora_b = self.param("lora_b", nn.with_logical_partitioning(nn.initializers.zeros,
-                                                                 ("lora", self.axes[1])),
+      lora_b = self.param("lora_b", boxed(nn.initializers.zeros, ("lora", self.axes[1])),
                           (self.lora_rank, self.features), self.param_dtype)
       h = nn.Dropout(self.lora_dropout)(x, deterministic=deterministic)
       h = _matmul(_matmul(h.astype(self.dtype), lora_a.astype(self.dtype)),
@@ -118,9 +122,11 @@ class Attention(nn.Module):
     cfg = self.cfg
     h, kh, dh = cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
     b, t, _ = x.shape
+    # The flat H*Dh / K*Dh dims split over the mesh only between heads (parallel.mesh).
     dense = lambda n, axes, bias, name: Dense(
         n, axes, cfg.jnp_dtype, cfg.jnp_param_dtype, use_bias=bias, lora_rank=cfg.lora_rank,
-        lora_scale=cfg.lora_scale, lora_dropout=cfg.lora_dropout, name=name)
+        lora_scale=cfg.lora_scale, lora_dropout=cfg.lora_dropout,
+        units=(("heads", dh), ("kv_heads", dh)), name=name)
     q = dense(h * dh, ("embed", "heads"), cfg.qkv_bias, "q")(x, self.deterministic)
     k = dense(kh * dh, ("embed", "kv_heads"), cfg.qkv_bias, "k")(x, self.deterministic)
     v = dense(kh * dh, ("embed", "kv_heads"), cfg.qkv_bias, "v")(x, self.deterministic)

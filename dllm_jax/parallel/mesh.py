@@ -4,6 +4,10 @@ Parameters carry logical axis names (`embed`, `heads`, `kv_heads`, `mlp`, `vocab
 `norm`, `lora`); activations and decode state use `batch`, `length`, `cache_len`, `head_dim`.
 A config maps them onto mesh axes (`data`, `fsdp`, `tensor`). The same code then runs on one
 CPU, 8 fake CPU devices, a GPU or a TPU slice: only the mesh shape changes.
+
+An attention kernel's `heads` / `kv_heads` dim is flat (H * Dh), so its box (`UnitPartitioned`)
+names the unit, one head of Dh: the dim is split only when the mesh axes divide H, never
+inside a head (RoPE's half swap would then move data between devices in every forward).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Sequence
 import flax.linen as nn
 import jax
 import numpy as np
+from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 # Re-exported: mesh.MESH_AXES, mesh.DEFAULT_RULES and mesh.rules_from_config are these.
@@ -58,24 +63,64 @@ def logical_to_sharding(logical_tree, mesh: Mesh, rules=DEFAULT_RULES):
   return nn.logical_to_mesh_sharding(logical_tree, mesh, rules)
 
 
+class UnitPartitioned(nn.LogicallyPartitioned):
+  """A logically partitioned param whose dims named in `units` are flat runs of indivisible
+  units: `units=(("heads", Dh),)` on a [D, H*Dh] kernel lets `heads` split the dim over
+  mesh axes only at head boundaries (when their size divides H). Flax's own unboxing under
+  a mesh and rules (a sharded init) constrains the value by the same rule."""
+  units: tuple[tuple[str, int], ...] = struct.field(default=(), pytree_node=False)
+
+  def unbox(self, apply_constraint=True):
+    mesh = self.mesh if self.mesh is not None else jax.sharding.get_abstract_mesh()
+    rules = self.rules if self.rules is not None else nn.get_logical_axis_rules()
+    if not apply_constraint or mesh.empty or not rules:
+      return self.value
+    spec = _mesh_spec(self.names, self.value.shape, dict(self.units), mesh, rules)
+    return jax.lax.with_sharding_constraint(
+        self.value, spec if self.mesh is None else NamedSharding(mesh, spec))
+
+
+def with_unit_partitioning(init, names: tuple[str, ...], units=()):
+  """`nn.with_logical_partitioning(init, names)`, boxed as `UnitPartitioned` when `units`
+  (logical name -> unit size pairs) name a dim of `names`."""
+  units = tuple((name, int(size)) for name, size in units if name in names)
+  if not units:
+    return nn.with_logical_partitioning(init, names)
+  return lambda *args, **kwargs: UnitPartitioned(init(*args, **kwargs), names, units=units)
+
+
+def _mesh_spec(names, shape, units: dict[str, int], mesh, rules) -> P:
+  """The mesh axes of each dim of a param with logical axes `names`: a dim is split over its
+  rule's mesh axes when their size divides it, counted in units for names in `units`."""
+  mesh_spec = tuple(nn.logical_to_mesh_axes(tuple(names), rules))
+  mesh_spec += (None,) * (len(shape) - len(mesh_spec))
+  fixed = []
+  for dim, name, axes in zip(shape, tuple(names) + (None,) * len(shape), mesh_spec):
+    axis_names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+    size = int(np.prod([mesh.shape[a] for a in axis_names])) if axis_names else 1
+    unit = units.get(name, 1)
+    if dim % unit:
+      raise ValueError(f"a {name!r} dim of {dim} is not a whole number of {unit}-wide units; "
+                       "check the param's declared units (the model config's head_dim).")
+    fixed.append(axes if size > 1 and (dim // unit) % size == 0 else None)
+  return P(*fixed)
+
+
 def param_shardings(abstract_boxed_params, mesh: Mesh, rules=DEFAULT_RULES):
   """Shardings for a params tree from `jax.eval_shape(init)` (boxed with logical names).
 
-  Dimensions that a mesh axis does not divide stay replicated on that axis.
+  Dimensions that a mesh axis does not divide stay replicated on that axis; a flat per-head
+  dim (a `UnitPartitioned` box) is split only when the axis divides its number of heads.
+  Leaves without a box are replicated.
   """
-  specs = nn.get_partition_spec(abstract_boxed_params)
-  shapes = nn.unbox(abstract_boxed_params)
+  def to_sharding(leaf):
+    if not isinstance(leaf, nn.Partitioned):
+      return NamedSharding(mesh, P())
+    units = dict(leaf.units) if isinstance(leaf, UnitPartitioned) else {}
+    return NamedSharding(mesh, _mesh_spec(leaf.names, leaf.value.shape, units, mesh, rules))
 
-  def to_sharding(spec, shape):
-    mesh_spec = nn.logical_to_mesh_axes(tuple(spec), rules)
-    fixed = []
-    for dim, axes in zip(shape.shape, tuple(mesh_spec) + (None,) * (len(shape.shape) - len(mesh_spec))):
-      names = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
-      size = int(np.prod([mesh.shape[a] for a in names])) if names else 1
-      fixed.append(axes if size > 1 and dim % size == 0 else None)
-    return NamedSharding(mesh, P(*fixed))
-
-  return jax.tree.map(to_sharding, specs, shapes, is_leaf=lambda x: isinstance(x, P))
+  return jax.tree.map(to_sharding, abstract_boxed_params,
+                      is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2, rules=DEFAULT_RULES) -> NamedSharding:
