@@ -30,6 +30,7 @@ def get_config():
   c.points = (0.25, 0.5, 0.75)   # where along the decode the step is measured
   c.repeats = 5
   c.inner = 5                     # calls per timed repeat
+  c.loop_steps = 20               # calls inside one compiled loop (the in-loop timing)
   c.batch_cost_rows = 4           # the batch-vs-rows table (0: skip it)
   c.head_scale = 100.0            # its model's logits times this: rows finish at different steps
   c.dtype_scales = ("base_100m",)  # AR forward in float32 vs bfloat16 at these scales

@@ -5,7 +5,11 @@ JSON carry every table."""
 import importlib.util
 import json
 import os
+import re
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from studylib import step_bench
@@ -42,6 +46,7 @@ def test_bench_step_records_the_steps_model_calls(tmp_path):
   assert len(forwards["speculative"]) == K + 1
   for r in result["records"]:
     assert r["step_best_s"] > 0 and r["bare_best_s"] > 0
+    assert r["step_loop_best_s"] > 0 and r["bare_loop_best_s"] > 0
     assert r["bare_flops"] > 0 and r["step_flops"] >= 0.8 * r["bare_flops"], r
   assert {r["decoder"] for r in result["batch_cost"]} == set(by_name)
   assert [r["batch"] for r in result["dtypes"]] == [1]
@@ -49,3 +54,29 @@ def test_bench_step_records_the_steps_model_calls(tmp_path):
   assert stored["records"][0]["decoder"] == "ar"
   report = (tmp_path / "bench_step.md").read_text()
   assert "step / bare" in report and "batch / rows" in report and "bf16 / f32" in report
+  assert "in a loop" in report
+
+
+def test_looped_program_runs_every_call_inside_its_loop():
+  """The in-loop timing's program returns fn's output, and the compiled loop's body holds
+  fn's work (its matmul and tanh): no call is hoisted out of the loop or dropped."""
+  w = jnp.arange(64, dtype=jnp.float32).reshape(8, 8) / 64
+  x = jnp.ones((2, 8), jnp.float32)
+  fn = lambda w, x, on: jnp.where(on, jnp.tanh(x @ w), 0.0)  # noqa: E731
+  program = step_bench.looped(fn, 4)
+  zero = jnp.zeros((), jnp.int32)
+  args = (zero, w, x, jnp.ones((), bool))
+  np.testing.assert_array_equal(np.asarray(program(*args)), np.asarray(fn(*args[1:])))
+  hlo = program.lower(*args).compile().as_text()
+  body = _computation_with_callees(hlo, re.search(r"while\(.*?body=(%[\w.\-]+)", hlo).group(1))
+  assert " dot(" in body and " tanh(" in body, body
+  with pytest.raises(ValueError, match="loop_steps"):
+    step_bench.looped(fn, 0)
+
+
+def _computation_with_callees(hlo: str, name: str) -> str:
+  """The text of HLO computation `name` and of every computation it calls (fusions etc.)."""
+  start = hlo.index("\n" + name + " ")
+  text = hlo[start:hlo.index("\n}", start)]
+  callees = set(re.findall(r"(?:calls|to_apply|body|condition)=(%[\w.\-]+)", text)) - {name}
+  return text + "".join(_computation_with_callees(hlo, c) for c in sorted(callees))

@@ -15,6 +15,14 @@ programs are then timed interleaved, repeat by repeat, on the same state (the st
 donated here), and XLA's cost analysis of both compiled programs gives flops and bytes
 accessed. own work = step - bare forward.
 
+Each is timed two ways: per call (a jitted call per step, its dispatch included: what a
+Python-loop decode pays) and in a loop (`looped`: `config.loop_steps` calls inside one
+compiled loop, each fed the same inputs through an optimization barrier, so nothing is hoisted
+or dropped and no call is dispatched: what a step costs inside the decode's `while_loop`). At
+the tiny shape a call's dispatch is most of its time, and it grows with the number of arrays
+passed (a decoder state has many, a bare forward few), so the per-call ratio there measures
+dispatch more than the decoder's own work.
+
 States are taken at `config.points` fractions of the decode (by the greedy decode's step
 count), so a decoder whose steps differ along the decode (D2F's window, Fast-dLLM's block
 refreshes) is measured at several; the table sums them.
@@ -50,7 +58,7 @@ from dllm_jax.models.config import ModelConfig, get_preset
 from dllm_jax.models.transformer import Transformer, init_params
 from studylib import decode_bench
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the in-loop timings (loop_steps, *_loop_*)
 # The decode benchmark's special ids and random left-padded prompts (seeded by batch size).
 MASK_ID, PAD_ID, BOS_ID = decode_bench.MASK_ID, decode_bench.PAD_ID, decode_bench.BOS_ID
 prompts = decode_bench.prompts
@@ -218,6 +226,37 @@ def _time(fn, args, inner: int) -> float:
   return (time.perf_counter() - start) / inner
 
 
+def _shifted(x, shift):
+  """`x` + `shift` (an int32 [] that is zero at run time, unknown to the compiler) in x's own
+  dtype; booleans xor'ed with shift != 0; PRNG keys as they are."""
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    return x
+  if x.dtype == bool:
+    return x ^ (shift != 0)
+  return x + shift.astype(x.dtype)
+
+
+def looped(fn, n: int):
+  """program(zero, params, *rest): `n` calls of fn(params, *rest) inside one compiled loop,
+  the last one's output returned. Call i gets every array of `rest` plus i * zero, where
+  `zero` is a run-time 0 (an int32 [] argument): the values are unchanged, but to the
+  compiler each call's inputs differ, so it can neither hoist a call out of the loop nor
+  drop one (`params` are left alone: what depends on them only is loop-invariant in a
+  decode too). Its time / n is fn's cost per iteration of a compiled loop, with no dispatch."""
+  if n < 1:
+    raise ValueError(f"loop_steps must be >= 1, got {n}.")
+
+  def call(i, zero, params, rest):
+    shift = i * zero
+    return fn(params, *jax.tree.map(lambda x: _shifted(x, shift), rest))
+
+  def program(zero, params, *rest):
+    return jax.lax.fori_loop(1, n, lambda i, _: call(i, zero, params, rest),
+                             call(0, zero, params, rest))
+
+  return jax.jit(program)
+
+
 def states_along_decode(plan, params, tokens, valid, points) -> list:
   """Decoder states at `points` (fractions of the greedy decode's steps)."""
   decoder = plan.decoder
@@ -252,15 +291,20 @@ def measure_cell(config, cfg: ModelConfig, params, drafter, cell: Cell, batch) -
     step_args, bare_args = (plan.params(params), state), (param_trees, inputs)
     costs = {"step": _cost(step.lower(*step_args).compile()),
              "bare": _cost(bare.lower(*bare_args).compile())}
-    times = {"step": [], "bare": []}
+    n = int(config.loop_steps)
+    ZERO = jax.numpy.zeros((), jax.numpy.int32)  # noqa: N806  (looped's run-time zero)
+    step_loop, bare_loop = looped(decoder.step, n), looped(bare, n)
+    times = {"step": [], "bare": [], "step_loop": [], "bare_loop": []}
     for _ in range(config.repeats):  # interleaved: noise hits both alike
       times["step"].append(_time(step, step_args, config.inner))
       times["bare"].append(_time(bare, bare_args, config.inner))
+      times["step_loop"].append(_time(step_loop, (ZERO, *step_args), 1) / n)
+      times["bare_loop"].append(_time(bare_loop, (ZERO, *bare_args), 1) / n)
     rows.append({"calls": [c.kind for c in calls], "times": times, "costs": costs})
-  step_best = sum(min(r["times"]["step"]) for r in rows)
-  bare_best = sum(min(r["times"]["bare"]) for r in rows)
-  step_median = sum(statistics.median(r["times"]["step"]) for r in rows)
-  bare_median = sum(statistics.median(r["times"]["bare"]) for r in rows)
+  best = lambda key: sum(min(r["times"][key]) for r in rows)  # noqa: E731
+  median = lambda key: sum(statistics.median(r["times"][key]) for r in rows)  # noqa: E731
+  step_best, bare_best = best("step"), best("bare")
+  step_median, bare_median = median("step"), median("bare")
   return {
       "decoder": cell.name, "method": cell.method, "options": cell.options,
       "batch": int(tokens.shape[0]), "points": list(config.points),
@@ -269,6 +313,10 @@ def measure_cell(config, cfg: ModelConfig, params, drafter, cell: Cell, batch) -
       "step_median_s": step_median, "bare_median_s": bare_median,
       "ratio_best": step_best / bare_best, "ratio_median": step_median / bare_median,
       "own_share": max(step_best - bare_best, 0.0) / step_best,
+      "loop_steps": int(config.loop_steps),
+      "step_loop_best_s": best("step_loop"), "bare_loop_best_s": best("bare_loop"),
+      "ratio_loop_best": best("step_loop") / best("bare_loop"),
+      "ratio_loop_median": median("step_loop") / median("bare_loop"),
       "step_flops": sum(r["costs"]["step"]["flops"] for r in rows),
       "bare_flops": sum(r["costs"]["bare"]["flops"] for r in rows),
       "step_bytes": sum(r["costs"]["step"]["bytes"] for r in rows),
@@ -339,13 +387,16 @@ def measure_dtypes(config, cfg: ModelConfig) -> list[dict]:
 
 def table(records: list[dict], batch_records: list[dict], dtype_records=()) -> str:
   lines = ["| scale | decoder | B | step ms | bare forward ms | step / bare (best) | "
-           "(median) | own share | flops step / bare | bytes step / bare |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "(median) | in a loop: step ms | bare ms | step / bare (best) | (median) | "
+           "flops step / bare | bytes step / bare |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in records:
     lines.append(
         f"| {r['scale']} | {r['decoder']} | {r['batch']} | {1e3 * r['step_best_s']:.3f} | "
         f"{1e3 * r['bare_best_s']:.3f} | {r['ratio_best']:.2f}x | {r['ratio_median']:.2f}x | "
-        f"{100 * r['own_share']:.0f}% | {r['step_flops'] / max(r['bare_flops'], 1):.2f} | "
+        f"{1e3 * r['step_loop_best_s']:.3f} | {1e3 * r['bare_loop_best_s']:.3f} | "
+        f"{r['ratio_loop_best']:.2f}x | {r['ratio_loop_median']:.2f}x | "
+        f"{r['step_flops'] / max(r['bare_flops'], 1):.2f} | "
         f"{r['step_bytes'] / max(r['bare_bytes'], 1):.2f} |")
   if batch_records:
     lines += ["", "| scale | decoder | rows | batch ms | rows alone ms (sum) | batch / rows "
@@ -380,7 +431,9 @@ def run(config, workdir: str) -> dict:
         rec["scale"] = scale
         records.append(rec)
         print(f"{scale:>9} {cell.name:>17} B={b}: step {1e3 * rec['step_best_s']:.3f} ms, "
-              f"bare {1e3 * rec['bare_best_s']:.3f} ms, {rec['ratio_best']:.2f}x", flush=True)
+              f"bare {1e3 * rec['bare_best_s']:.3f} ms, {rec['ratio_best']:.2f}x; in a loop "
+              f"{1e3 * rec['step_loop_best_s']:.3f} / {1e3 * rec['bare_loop_best_s']:.3f} ms, "
+              f"{rec['ratio_loop_best']:.2f}x", flush=True)
       if config.batch_cost_rows:
         batch = prompts(config, config.batch_cost_rows, cfg.vocab_size)
         rec = measure_batch_cost(config, model_cfg, peaked(params, config.head_scale),
