@@ -96,83 +96,13 @@ from collections.abc import Sequence
 
 from studylib import intervals as intervals_lib
 from studylib.accounting import MethodResult
+from studylib.claims import CLAIMS, Claim  # noqa: F401  (re-exported: verdict.CLAIMS)
+from studylib.verdict_report import fmt as _fmt, fmt_ratio as _x
+from studylib.verdict_report import projection_text, verdict_text  # noqa: F401  (re-exported)
 
 MET, NOT_MET, NOT_MEASURABLE, NOT_MEASURED = ("met", "not met", "not measurable here",
                                               "not measured")
 STATUSES = (MET, NOT_MET, NOT_MEASURABLE, NOT_MEASURED)
-
-
-@dataclasses.dataclass(frozen=True)
-class Claim:
-  """One published claim: `method` at >= `speedup` x the `baseline`'s tokens/s, with accuracy
-  at most `tolerance_points` below it (0 with `exact`: the same number of correct answers).
-
-  `accuracy_on`: "task" (the headline task) or "all" (every prompt: the mixed suite);
-  `speed_on`: the same choice for tokens/s, forwards and tokens per verifier forward (None:
-  as accuracy_on).
-  `tokens_per_verifier_forward`: the lossless-hybrid bar on response tokens per AR-verifier
-  forward. `premise_d2f_loss_points`: adaptive switching is judged only where the most accurate
-  D2F cell loses more than this to AR. `exclude_drafters`: cells whose setting's "drafter"
-  is one of these are not the method the claim is about (and are not judged).
-  """
-  id: str
-  text: str
-  method: str
-  baseline: str  # "ar", "llada" or "selfspec_ar" (the self-speculative model's AR decode)
-  speedup: float
-  tolerance_points: float
-  published: str
-  accuracy_on: str = "task"
-  speed_on: str | None = None
-  strict_speedup: bool = False  # "faster than": speedup > threshold, not >=
-  exact: bool = False
-  tokens_per_verifier_forward: float | None = None
-  premise_d2f_loss_points: float | None = None
-  exclude_drafters: tuple[str, ...] = ()
-
-  def threshold(self) -> dict:
-    out = {"speedup": self.speedup, "speedup_strict": self.strict_speedup,
-           "accuracy_tolerance_points": self.tolerance_points, "exact_accuracy": self.exact}
-    if self.tokens_per_verifier_forward is not None:
-      out["tokens_per_verifier_forward"] = self.tokens_per_verifier_forward
-    if self.premise_d2f_loss_points is not None:
-      out["premise_d2f_loss_points"] = self.premise_d2f_loss_points
-    return out
-
-
-CLAIMS = (
-    Claim("d2f_vs_ar", "D2F >= 2.5x AR tokens/s within 2 accuracy points of AR", "d2f", "ar",
-          2.5, 2.0, "D2F-LLaDA block 32: 119.9 tok/s vs LLaMA3-8B-Instruct 48.0 (GSM8K, "
-          "A100, batch 1)"),
-    Claim("d2f_vs_llada_10x", "D2F >= 10x vanilla LLaDA tokens/s at the same G, within 2 "
-          "points", "d2f", "llada", 10.0, 2.0,
-          "GSM8K, A100, batch 1: D2F-LLaDA 52.5 vs LLaDA 7.2 tok/s (7.3x); D2F-Dream 91.2 vs "
-          "Dream 9.5 (9.6x)"),
-    Claim("d2f_vs_llada_50x", "D2F >= 50x vanilla LLaDA tokens/s at the same G, within 2 "
-          "points", "d2f", "llada", 50.0, 2.0,
-          "MBPP on LLaDA-8B, long generations (256-512 tokens), A100, batch 1: 47.6 vs 0.9 "
-          "tok/s (52.9x)"),
-    Claim("fast_dllm_vs_llada", "Fast-dLLM >= 27.6x vanilla LLaDA tokens/s at the same G, "
-          "within 2 points", "fast_dllm", "llada", 27.6, 2.0,
-          "LLaDA GSM8K, A100, batch 1: 27.6x at length 1024 (8.1x at length 256, 79.3 -> "
-          "78.5 accuracy)"),
-    Claim("lossless_hybrid", "Speculative (diffusion drafter, AR verifier): AR's accuracy exactly, "
-          ">= 5 response tokens per AR-verifier forward, >= 1.2x AR tokens/s", "speculative",
-          "ar", 1.2, 0.0, "DFlash: 6.2x lossless on Qwen3-8B; TiDAR 4.71-5.91x over AR (H100, "
-          "batch 1)", accuracy_on="all", speed_on="task", exact=True,
-          tokens_per_verifier_forward=5.0,
-          exclude_drafters=("ar",)),
-    Claim("self_speculation", "Self-speculation (one network drafts in every forward and "
-          "verifies the last draft in the same forward): its own AR decode's answers exactly, "
-          ">= 2 response tokens per forward, faster than that AR decode", "selfspec",
-          "selfspec_ar", 1.0, 0.0, "TiDAR: 4.71x (1.5B) and 5.91x (8B) tokens/s over AR, one "
-          "H100, batch 1", accuracy_on="all", speed_on="task", exact=True,
-          strict_speedup=True, tokens_per_verifier_forward=2.0),
-    Claim("adaptive_switching", "Adaptive switching: within 1 point of AR accuracy on the "
-          "mixed suite, where D2F alone loses > 5 points, and faster than AR", "adaptive", "ar",
-          1.0, 1.0, "the hybrid issue's bar (no published anchor)", accuracy_on="all",
-          strict_speedup=True, premise_d2f_loss_points=5.0),
-)
 
 
 def _ratio(a, b):
@@ -322,15 +252,6 @@ def _delta(c: dict) -> float:
   """Sort key: the accuracy delta, a cell without one last."""
   d = c["accuracy_delta_points"]
   return -1e9 if d is None else d
-
-
-def _fmt(x, spec=".2f") -> str:
-  return "n/a" if x is None else format(x, spec)
-
-
-def _x(x) -> str:
-  """A ratio as `2.50x`, or n/a."""
-  return "n/a" if x is None else f"{x:.2f}x"
 
 
 def _judge_claim(claim: Claim, cells: Sequence[MethodResult], base: MethodResult | None,
@@ -528,88 +449,3 @@ def check_recomputes(doc: dict) -> None:
   if recompute(stored) != stored.get("verdict"):
     raise ValueError("the study JSON's verdict is not the one its stored cells give; "
                      "rebuild it with verdict.recompute(doc).")
-
-
-def _ci(interval, spec=".2f", suffix="") -> str:
-  """` [lo, hi]`: a 95% interval beside its figure ("" where none was computed)."""
-  if interval is None:
-    return ""
-  return f" [{format(interval[0], spec)}{suffix}, {format(interval[1], spec)}{suffix}]"
-
-
-def _vs_accelerated(c: dict) -> str:
-  """`; 0.85x speculative ar k=4`: the cell's speedup over the accelerated AR, if judged."""
-  vs = c.get("vs_accelerated_ar")
-  return "" if vs is None else f"; {_x(vs['speedup'])}{_ci(vs.get('speedup_ci95'))} {vs['baseline']}"
-
-
-def _cell_line(c: dict, base: str) -> str:
-  line = (f"      {c['label']}: {_x(c['speedup'])}{_ci(c.get('speedup_ci95'))} {base} "
-          f"tokens/s ({_x(c['speedup_median'])} by median times), accuracy "
-          f"{_fmt(c['accuracy_delta_points'], '+.1f')}"
-          f"{_ci(c.get('accuracy_delta_ci95'), '+.1f')} points; "
-          f"{_x(c['nfe_ratio'])} fewer forwards, each {_x(c['forward_cost_ratio'])} a "
-          f"{base} forward's time, tokens {_x(c['tokens_ratio'])}")
-  if "tokens_per_verifier_forward" in c:
-    line += f"; {_fmt(c['tokens_per_verifier_forward'])} tokens per verifier forward"
-  if "pipeline_ceiling" in c:
-    line += f"; at most {_x(c['pipeline_ceiling'])} at equal cost (one block a forward)"
-  return line + _vs_accelerated(c)
-
-
-def _scopes(accuracy_on: str, speed_on: str, task: str) -> str:
-  """How the figure line names what its accuracy and speed were measured on."""
-  if accuracy_on == task:
-    return "" if speed_on == "all tasks" else f", speed on {speed_on} prompts"
-  speed = speed_on if speed_on == "all tasks" else f"{speed_on} prompts"
-  return f", accuracy on {accuracy_on}, speed on {speed}"
-
-
-def projection_text(p: dict | None, threshold: float) -> str:
-  """The equal-cost projection of a claim, named as one (module docstring)."""
-  if p is None:
-    return ""
-  text = (f"projection, not a measurement: at equal cost per forward {p['label']} would run "
-          f"{_x(p['speedup_at_equal_forward_cost'])} {p['baseline']} "
-          f"({_x(p['nfe_ratio'])} fewer forwards; measured, each costs "
-          f"{_x(p['forward_cost_ratio'])} a {p['baseline']} forward's time here), "
-          + ("reaching" if p["reaches_threshold"] else "below") + f" {threshold:g}x")
-  if p.get("pipeline_ceiling") is not None:
-    text += (f"; one D2F block a forward bounds it at {_x(p['pipeline_ceiling'])} "
-             f"(k={p['pipeline_block_length']}, G={p['gen_length']})")
-  return text
-
-
-def verdict_text(v: dict) -> str:
-  """The printed report: each claim's status, its measured figure with the 95% intervals
-  beside it, the reason, the equal-cost projection (labelled as one), then its cells (each
-  set of cells once: the 10x and 50x LLaDA claims share theirs)."""
-  lines = [f"Claims checked at batch 1 (accuracy and speed on {v['task']!r} unless noted; AR = "
-           f"{v['ar']!r}, vanilla LLaDA = {v['llada_vanilla']!r}, platform {v['platform']}; "
-           "[lo, hi]: paired bootstrap 95% intervals over prompts):"]
-  shown = set()
-  for c in v["claims"]:
-    lines.append(f"  [{c['status'].upper()}] {c['text']}")
-    fig = c["figure"]
-    if fig is not None:
-      on = fig.get("speed_on", "all tasks")
-      lines.append(f"    figure: {fig['label']}: {_x(fig['speedup'])}"
-                   f"{_ci(fig.get('speedup_ci95'))}, accuracy "
-                   f"{_fmt(fig['accuracy_delta_points'], '+.1f')}"
-                   f"{_ci(fig.get('accuracy_delta_ci95'), '+.1f')} points"
-                   + (f" (G={c['gen_length']})" if c["gen_length"] else "")
-                   + _scopes(c.get("accuracy_on", v["task"]), on, v["task"])
-                   + _vs_accelerated(fig))
-    lines.append(f"    {c['reason']}")
-    if c.get("projection"):
-      lines.append(f"    {projection_text(c['projection'], c['threshold']['speedup'])}")
-    lines.append(f"    published: {c['published']}")
-    key = (c["method"], c["baseline"])
-    if c["cells"] and key not in shown:
-      shown.add(key)
-      lines.append(f"    every {c['method']} cell against {c['baseline']}:")
-      lines += [_cell_line(x, c["baseline"]) for x in c["cells"]]
-    if c.get("oracle"):
-      lines.append("    oracle upper bound (the generator's task names as tags; not judged):")
-      lines += [_cell_line(x, c["baseline"]) for x in c["oracle"]]
-  return "\n".join(lines)
