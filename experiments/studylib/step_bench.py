@@ -17,8 +17,9 @@ accessed. own work = step - bare forward.
 
 Each is timed two ways: per call (a jitted call per step, its dispatch included: what a
 Python-loop decode pays) and in a loop (`looped`: `config.loop_steps` calls inside one
-compiled loop, each fed the same inputs through an optimization barrier, so nothing is hoisted
-or dropped and no call is dispatched: what a step costs inside the decode's `while_loop`). At
+compiled loop, each fed its inputs plus the loop index times a run-time zero, so nothing is
+hoisted or dropped and no call is dispatched: what a step costs inside the decode's
+`while_loop`). At
 the tiny shape a call's dispatch is most of its time, and it grows with the number of arrays
 passed (a decoder state has many, a bare forward few), so the per-call ratio there measures
 dispatch more than the decoder's own work.
@@ -281,6 +282,9 @@ def measure_cell(config, cfg: ModelConfig, params, drafter, cell: Cell, batch) -
   tokens, valid = jax.numpy.asarray(tokens), jax.numpy.asarray(valid)
   param_trees = [params, drafter]
   step = jax.jit(decoder.step)
+  n = int(config.loop_steps)
+  step_loop = looped(decoder.step, n)  # one program for every state (same shapes)
+  zero = jax.numpy.zeros((), jax.numpy.int32)  # `looped`'s run-time zero
   rows = []
   for state in states_along_decode(plan, params, tokens, valid, config.points):
     state = jax.device_put(state)
@@ -291,15 +295,13 @@ def measure_cell(config, cfg: ModelConfig, params, drafter, cell: Cell, batch) -
     step_args, bare_args = (plan.params(params), state), (param_trees, inputs)
     costs = {"step": _cost(step.lower(*step_args).compile()),
              "bare": _cost(bare.lower(*bare_args).compile())}
-    n = int(config.loop_steps)
-    ZERO = jax.numpy.zeros((), jax.numpy.int32)  # noqa: N806  (looped's run-time zero)
-    step_loop, bare_loop = looped(decoder.step, n), looped(bare, n)
+    bare_loop = looped(bare, n)
     times = {"step": [], "bare": [], "step_loop": [], "bare_loop": []}
     for _ in range(config.repeats):  # interleaved: noise hits both alike
       times["step"].append(_time(step, step_args, config.inner))
       times["bare"].append(_time(bare, bare_args, config.inner))
-      times["step_loop"].append(_time(step_loop, (ZERO, *step_args), 1) / n)
-      times["bare_loop"].append(_time(bare_loop, (ZERO, *bare_args), 1) / n)
+      times["step_loop"].append(_time(step_loop, (zero, *step_args), 1) / n)
+      times["bare_loop"].append(_time(bare_loop, (zero, *bare_args), 1) / n)
     rows.append({"calls": [c.kind for c in calls], "times": times, "costs": costs})
   best = lambda key: sum(min(r["times"][key]) for r in rows)  # noqa: E731
   median = lambda key: sum(statistics.median(r["times"][key]) for r in rows)  # noqa: E731
