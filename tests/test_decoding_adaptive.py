@@ -99,6 +99,32 @@ def test_only_a_greedy_all_ar_batch_skips_the_loop(models, monkeypatch):
   assert not calls
 
 
+def test_a_greedy_all_verify_batch_runs_speculatives_loop(models, monkeypatch):
+  """Every row tagged VERIFY, greedy, no stats asked (a prompt router's batch of one): the
+  speculative decoder's own loop, with the adaptive loop's tokens, forwards, rounds and
+  records. Sampled rows, a row in another mode, or the stats' per-round records keep the
+  loop."""
+  target, drafter = models
+  tokens, valid = batch_of(PROMPTS)
+  tokens, valid = tokens[:2], valid[:2]  # a batch shape no other test compiles this way
+  kw = dict(task_modes=TAGS, return_stats=False)
+  loop, _ = run(target, drafter, tokens, valid, task_modes=TAGS, tasks=["math"] * 2)
+  real, calls = adaptive._plain_verify, []
+  monkeypatch.setattr(adaptive, "_plain_verify",
+                      lambda *a, **k: calls.append(1) or real(*a, **k))
+  fast = run(target, drafter, tokens, valid, tasks=["math"] * 2, **kw)
+  assert calls, "an all-VERIFY greedy batch did not take speculative's loop"
+  assert int(fast.nfe) == int(loop.nfe) and int(fast.steps) == int(loop.steps)
+  for field in ("tokens", "lengths", "committed", "done", "finite", "modes", "round_modes"):
+    np.testing.assert_array_equal(np.asarray(getattr(fast, field)),
+                                  np.asarray(getattr(loop, field)), err_msg=field)
+  assert np.any(np.asarray(loop.round_modes)[:, 1] == adaptive.VERIFY)  # rounds after round 0
+  monkeypatch.setattr(adaptive, "_plain_verify",
+                      lambda *a, **k: pytest.fail("took the VERIFY shortcut"))
+  run(target, drafter, tokens, valid, tasks=["math"] * 2, temperature=0.8, **kw)
+  run(target, drafter, tokens, valid, tasks=["math", "short"], **kw)
+
+
 def block_reference(params, tokens, valid, k):
   """Uncached PARALLEL reference: each round forwards prompt (id 0) + response (ids 1 + j)
   + k masks (id 1 + n) and commits the greedy block; cut at the first stop token."""

@@ -83,7 +83,14 @@ hybrids = {
     "adaptive": dict(gen_length=8, draft_length=3, parallel_confidence=0.66,
                      ar_confidence=0.55, drafter_params=drafter, drafter_cfg=cfg),
 }
-for method, kw in hybrids.items():
+# Greedy batches whose every row a tag forces into AR or VERIFY: that mode's own decoder
+# (the AR one without the drafter's params).
+for mode in ("ar", "verify"):
+  hybrids["adaptive " + mode] = dict(gen_length=8, draft_length=3, drafter_params=drafter,
+                                     drafter_cfg=cfg, task_modes={"t": mode},
+                                     tasks=["t"] * len(PROMPTS))
+for name, kw in hybrids.items():
+  method = name.split()[0]
   rng = jax.random.key(5)
   one = api.generate(params, cfg, PROMPTS, method=method, rng=rng, **kw)
   own = api.generate(params, cfg, PROMPTS, method=method, rng=rng, mesh=mesh,
@@ -91,8 +98,8 @@ for method, kw in hybrids.items():
   assert len(own.tokens.sharding.device_set) == 8, method
   for field in ("tokens", "lengths", "committed", "done"):
     np.testing.assert_array_equal(np.asarray(getattr(own, field)),
-                                  np.asarray(getattr(one, field)), err_msg=method + field)
-  print("hybrids", method, "ok")
+                                  np.asarray(getattr(one, field)), err_msg=name + field)
+  print("hybrids", name, "ok")
 
 # The shard_map programs so far, by name (the module's fixture dumps them).
 import glob, os, re
@@ -173,7 +180,8 @@ def test_eight_devices_equal_one(lines):
 
 @pytest.mark.slow
 def test_hybrids_on_a_data_mesh_equal_one_device(lines):
-  assert lines["hybrids"] == ["speculative", "ok", "selfspec", "ok", "adaptive", "ok"]
+  assert lines["hybrids"] == ["speculative", "ok", "selfspec", "ok", "adaptive", "ok",
+                             "adaptive", "ar", "ok", "adaptive", "verify", "ok"]
 
 
 @pytest.mark.slow

@@ -118,10 +118,9 @@ class AdaptiveOptions:
     """(static options with canonical thresholds and sampling (`spec.split_sampling`) and no
     task map, {name: [] array})."""
     canonical = {"parallel_confidence": 0.9, "ar_confidence": 0.2, "min_acceptance": 0.25,
-                 "trust_streak": 4}
-    static, traced = base.split_options(self, canonical, {"trust_streak": np.int32})
-    static, sampling = spec.split_sampling(static)
-    return dataclasses.replace(static, task_modes=()), {**traced, **sampling}
+                 "trust_streak": 4, **spec.SAMPLING}
+    return base.split_options(self, canonical, {"trust_streak": np.int32, "top_k": np.int32},
+                              task_modes=())
 
   def forced_modes(self, tasks, batch: int) -> np.ndarray:
     """[B] int32 mode code each row's task tag forces, or -1 (no tag, or "auto")."""
@@ -429,6 +428,32 @@ def output(cfg: ModelConfig, opts: AdaptiveOptions, state: AdaptiveState):
   return out, stats
 
 
+def _rounds_output(out: base.DecodeOutput, rounds: Array, mode: int) -> AdaptiveOutput:
+  """`out` as an AdaptiveOutput whose every row ran its [B] `rounds` in `mode`."""
+  g = out.tokens.shape[1]
+  live = jnp.arange(g)[None, :] < rounds[:, None]
+  round_modes = jnp.where(live, mode, NO_ROUND).astype(jnp.int32)
+  return AdaptiveOutput(**{f.name: getattr(out, f.name) for f in dataclasses.fields(out)},
+                        modes=round_modes[:, 0], round_modes=round_modes)
+
+
+def _plain_verify(params, tokens, valid, rng, traced, *, tcfg: ModelConfig,
+                  dcfg: ModelConfig, opts: AdaptiveOptions) -> AdaptiveOutput:
+  """The AdaptiveOutput of a greedy batch whose every row is forced VERIFY, decoded by the
+  speculative decoder's own loop with the same drafter, k and drafter forwards per block:
+  the same drafts, verdicts, tokens, forwards and rounds as the adaptive loop (whose round
+  also carries the rule's branches and records)."""
+  sopts = spec.SpeculativeOptions(
+      gen_length=opts.gen_length, drafter="d2f", draft_length=opts.draft_length,
+      draft_steps=opts.draft_steps, early_stop=opts.early_stop,
+      batch_invariant=opts.batch_invariant)
+  static, sampling = spec.split_sampling(sopts)
+  straced = {"row_offset": traced.get("row_offset", np.int32(0)), **sampling}
+  out, stats = spec.SpeculativeDecoder(tcfg, static, dcfg).decode(
+      params, tokens, valid, rng, straced, with_stats=True)
+  return _rounds_output(out, stats.rounds, VERIFY)
+
+
 def _plain_ar(tparams, tokens, valid, rng, *, tcfg: ModelConfig, opts: AdaptiveOptions):
   """(AdaptiveOutput, AdaptiveStats) of a greedy batch whose every row is tagged AR, decoded
   by AR's own loop: the same tokens, forwards (one per round) and rounds as the adaptive
@@ -438,10 +463,7 @@ def _plain_ar(tparams, tokens, valid, rng, *, tcfg: ModelConfig, opts: AdaptiveO
   out = ar_lib.ARDecoder(tcfg, static).decode(tparams, tokens, valid, rng, traced)
   b, g = out.tokens.shape
   live = jnp.arange(g)[None, :] < out.committed[:, None]
-  round_modes = jnp.where(live, AR, NO_ROUND).astype(jnp.int32)
-  adaptive_out = AdaptiveOutput(**{f.name: getattr(out, f.name)
-                                   for f in dataclasses.fields(out)},
-                                modes=round_modes[:, 0], round_modes=round_modes)
+  adaptive_out = _rounds_output(out, out.committed, AR)
   zeros = jnp.zeros((b,), jnp.int32)
   stats = AdaptiveStats(
       target_forwards=out.nfe, drafter_forwards=jnp.zeros((), jnp.int32),
@@ -458,10 +480,12 @@ def _plain_ar(tparams, tokens, valid, rng, *, tcfg: ModelConfig, opts: AdaptiveO
 class AdaptiveDecoder(spec.DraftedDecoder):
   """Per row and round: the drafter's block committed in parallel, verified by the AR
   target, or plain AR. `opts` is the static `AdaptiveOptions` (thresholds traced, task map
-  resolved by `plan` into per-row forced modes, the `row_inputs`). `plain_ar`: greedy with
-  every row tagged AR, which `decode` runs as AR's own loop."""
+  resolved by `plan` into per-row forced modes, the `row_inputs`). `plain`: AR or VERIFY
+  when the batch is greedy and its every row is tagged that mode (a prompt router's batch
+  of one, say), which `decode` runs as that mode's own decoder (AR's loop, speculative's);
+  NO_ROUND otherwise."""
   drafter_cfg: ModelConfig = None
-  plain_ar: bool = False
+  plain: int = NO_ROUND
 
   finish = staticmethod(output)
   init_forwards = True
@@ -489,6 +513,12 @@ class AdaptiveDecoder(spec.DraftedDecoder):
   def drafter_capacity(self, prompt_len: int) -> int:
     return drafter_capacity(prompt_len, self.opts)
 
+  def abstract_params(self):
+    if self.plain == AR:  # the plan holds no drafter params (`plan`)
+      from dllm_jax.models.transformer import abstract_params  # pylint: disable=import-outside-toplevel
+      return abstract_params(self.cfg), None
+    return super().abstract_params()
+
   def prompt_mask_id(self):
     return self.drafter_cfg.mask_token_id  # the diffusion drafter's blank
 
@@ -505,12 +535,19 @@ class AdaptiveDecoder(spec.DraftedDecoder):
     forced = None if tasks is None else opts.forced_modes(
         tasks, len(tasks) if isinstance(tasks, Sequence) and not isinstance(tasks, str) else -1)
     static, traced = opts.split()
-    plain = static.temperature == 0.0 and forced is not None and bool(np.all(forced == AR))
-    return protocol.Plan(cls(cfg, static, drafter_cfg, plain), traced, drafter_params, forced)
+    plain = NO_ROUND
+    if static.temperature == 0.0 and forced is not None and len(forced):
+      first = int(forced[0])
+      plain = first if first in (AR, VERIFY) and bool(np.all(forced == first)) else NO_ROUND
+    # A plain-AR decode never reads the drafter: its params stay out of the program's inputs.
+    drafter = None if plain == AR else drafter_params
+    return protocol.Plan(cls(cfg, static, drafter_cfg, plain), traced, drafter, forced)
 
   def check(self, tokens, valid) -> None:
     dcfg = self.drafter_cfg
     base.check_prompts(self.cfg, tokens, valid, self.gen_length, needs_mask=False)
+    if self.plain == AR:  # the drafter never runs
+      return
     base.check_prompts(dcfg, tokens, valid, self.gen_length, needs_mask=True)
     spec.check_drafter_capacity(dcfg, self.opts,
                                 drafter_capacity(np.shape(tokens)[1], self.opts))
@@ -534,10 +571,12 @@ class AdaptiveDecoder(spec.DraftedDecoder):
         _step, *params, **self._kw, only_ar=True), state)
 
   def decode(self, params, tokens, valid, rng, traced, row_inputs=None, with_stats=False):
-    if not self.plain_ar:
-      return super().decode(params, tokens, valid, rng, traced, row_inputs, with_stats)
-    out, stats = _plain_ar(params[0], tokens, valid, rng, tcfg=self.cfg, opts=self.opts)
-    return (out, stats) if with_stats else out
+    if self.plain == AR:
+      out, stats = _plain_ar(params[0], tokens, valid, rng, tcfg=self.cfg, opts=self.opts)
+      return (out, stats) if with_stats else out
+    if self.plain == VERIFY and not with_stats:  # the stats' per-round records: the loop's
+      return _plain_verify(params, tokens, valid, rng, traced, **self._kw)
+    return super().decode(params, tokens, valid, rng, traced, row_inputs, with_stats)
 
 
 # ----------------------------------------------------------------------------- public API

@@ -10,6 +10,7 @@ That makes a batched decode give each row exactly its one-prompt result.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -294,15 +295,21 @@ def raise_if_nonfinite(out: DecodeOutput, on_nonfinite: str = "raise") -> Decode
 ZERO_IS_STATIC = ("temperature", "alg_temp")
 
 
-def split_options(opts, canonical: dict, dtypes: dict):
+def split_options(opts, canonical: dict, dtypes: dict, **fixed):
   """(static options, traced): the options with every traced field set to its `canonical`
   value (so all sweeps share one hash: one compile) and a dict of [] arrays holding the real
   values, which the decoder reads inside the loop (through `traced_option`). A field in
-  ZERO_IS_STATIC keeps 0.0 when it is zero and becomes 1.0 otherwise."""
+  ZERO_IS_STATIC keeps 0.0 when it is zero and becomes 1.0 otherwise. `fixed`: other fields
+  the static options take. `opts` was validated when built; the copy is not validated again
+  (canonical values are valid by construction), which keeps a batch-1 call's planning cheap."""
   traced = {k: np.asarray(getattr(opts, k), dtypes.get(k, np.float32)) for k in canonical}
-  static = {k: (0.0 if getattr(opts, k) == 0 else 1.0) if k in ZERO_IS_STATIC else v
-            for k, v in canonical.items()}
-  return dataclasses.replace(opts, **static), traced
+  static = copy.copy(opts)
+  for k, v in canonical.items():
+    object.__setattr__(static, k, (0.0 if getattr(opts, k) == 0 else 1.0)
+                       if k in ZERO_IS_STATIC else v)
+  for k, v in fixed.items():
+    object.__setattr__(static, k, v)
+  return static, traced
 
 
 def traced_option(static, traced: dict, name: str):

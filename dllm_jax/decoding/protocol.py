@@ -360,17 +360,23 @@ RENAMED = {"block_size": "block_length"}
 
 def option_names(method: str) -> list[str]:
   """The options `method` accepts (its decoder's options, plus on_nonfinite)."""
-  return list(registry.get(method).option_names()) + ["on_nonfinite"]
+  return list(_accepted(registry.get(method)))
+
+
+@functools.cache
+def _accepted(decoder_cls) -> tuple[str, ...]:
+  """A decoder class's option names plus on_nonfinite (fixed per class: checked each call)."""
+  return tuple(decoder_cls.option_names()) + ("on_nonfinite",)
 
 
 def check_options(method: str, options: dict) -> None:
   """Raises ValueError naming unknown options and listing the valid ones."""
-  valid = option_names(method)
+  valid = _accepted(registry.get(method))
   for old, new in RENAMED.items():
     if old in options and new in valid:
       raise ValueError(f"option {old}={options[old]!r}: the option is called {new} (the same "
                        f"name in every decoding method); pass {new} instead.")
-  unknown = sorted(set(options) - set(valid))
+  unknown = sorted(set(options).difference(valid))
   if unknown:
     raise ValueError(f"Unknown option(s) {unknown} for method {method!r}; valid options: "
                      f"{sorted(valid)}.")
