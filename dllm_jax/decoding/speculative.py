@@ -531,7 +531,7 @@ class SpeculativeDecoder(DraftedDecoder):
   def plan(cls, cfg: ModelConfig, *, drafter_params=None, drafter_cfg=None,
            **options) -> protocol.Plan:
     opts = base.make_options(SpeculativeOptions, options)
-    check_drafter(cfg, drafter_params, drafter_cfg, registry.name_of(cls))
+    check_drafter(cfg, drafter_params, drafter_cfg, cls.name or registry.name_of(cls))
     static, traced = split_sampling(opts)
     return protocol.Plan(cls(cfg, static, drafter_cfg), {"row_offset": np.int32(0), **traced},
                          drafter_params)
