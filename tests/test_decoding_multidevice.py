@@ -26,7 +26,7 @@ import pytest
 
 from conftest import run_python
 
-CODE = """
+CODE = r"""
 import sys
 sys.path.insert(0, "tests")
 import jax
