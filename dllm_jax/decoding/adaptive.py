@@ -531,7 +531,8 @@ class AdaptiveDecoder(spec.DraftedDecoder):
   def plan(cls, cfg: ModelConfig, *, drafter_params=None, drafter_cfg=None, tasks=None,
            **options) -> protocol.Plan:
     opts = base.make_options(AdaptiveOptions, options)
-    spec.check_drafter(cfg, drafter_params, drafter_cfg, cls.name or registry.name_of(cls), *DRAFTER)
+    spec.check_drafter(cfg, drafter_params, drafter_cfg, cls.name or registry.name_of(cls),
+                       *DRAFTER)
     forced = None if tasks is None else opts.forced_modes(
         tasks, len(tasks) if isinstance(tasks, Sequence) and not isinstance(tasks, str) else -1)
     static, traced = opts.split()
@@ -539,9 +540,9 @@ class AdaptiveDecoder(spec.DraftedDecoder):
     if static.temperature == 0.0 and forced is not None and len(forced):
       first = int(forced[0])
       plain = first if first in (AR, VERIFY) and bool(np.all(forced == first)) else NO_ROUND
-    if plain == AR:  # AR's own loop reads neither the rule, the tags nor the drafter, so
-      return protocol.Plan(cls(cfg, static, drafter_cfg, plain), {})  # none are inputs
-    # (VERIFY keeps them: asked for stats, it runs the loop)
+    if plain == AR:  # AR's own loop reads neither the rule, the tags nor the drafter
+      return protocol.Plan(cls(cfg, static, drafter_cfg, plain), {})
+    # Plain VERIFY keeps them all: asked for stats, it runs the loop.
     return protocol.Plan(cls(cfg, static, drafter_cfg, plain), traced, drafter_params, forced)
 
   def check(self, tokens, valid) -> None:
