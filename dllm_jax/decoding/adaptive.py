@@ -94,6 +94,7 @@ class AdaptiveOptions:
   batch_invariant: bool = False
 
   def __post_init__(self):
+    object.__setattr__(self, "early_stop", base.check_flag("early_stop", self.early_stop))
     spec.check_draft_options(self)
     object.__setattr__(self, "batch_invariant",
                        base.check_flag("batch_invariant", self.batch_invariant))
@@ -530,12 +531,11 @@ class AdaptiveDecoder(spec.DraftedDecoder):
   @classmethod
   def plan(cls, cfg: ModelConfig, *, drafter_params=None, drafter_cfg=None, tasks=None,
            **options) -> protocol.Plan:
-    opts = base.make_options(AdaptiveOptions, options)
+    opts, static, traced = base.checked_options(AdaptiveOptions, options)
     spec.check_drafter(cfg, drafter_params, drafter_cfg, cls.name or registry.name_of(cls),
                        *DRAFTER)
     forced = None if tasks is None else opts.forced_modes(
         tasks, len(tasks) if isinstance(tasks, Sequence) and not isinstance(tasks, str) else -1)
-    static, traced = opts.split()
     plain = NO_ROUND
     if static.temperature == 0.0 and forced is not None and len(forced):
       first = int(forced[0])
@@ -550,7 +550,7 @@ class AdaptiveDecoder(spec.DraftedDecoder):
     base.check_prompts(self.cfg, tokens, valid, self.gen_length, needs_mask=False)
     if self.plain == AR:  # the drafter never runs
       return
-    base.check_prompts(dcfg, tokens, valid, self.gen_length, needs_mask=True)
+    spec.check_drafter_prompts(dcfg, tokens, valid, self.gen_length, needs_mask=True)
     spec.check_drafter_capacity(dcfg, self.opts,
                                 drafter_capacity(np.shape(tokens)[1], self.opts))
 

@@ -44,6 +44,7 @@ class AROptions:
   TRACED = {"temperature": 0.0, "top_k": 0, "top_p": 1.0}
 
   def __post_init__(self):
+    object.__setattr__(self, "early_stop", base.check_flag("early_stop", self.early_stop))
     if not isinstance(self.gen_length, (int, np.integer)) or self.gen_length <= 0:
       raise ValueError(f"gen_length must be a positive int, got {self.gen_length!r}.")
     base.check_number("temperature", self.temperature, low=0.0)

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dllm_jax.decoding import option_cache
 from dllm_jax.models import masks
 from dllm_jax.models.config import ModelConfig
 
@@ -156,15 +157,22 @@ def check_prompts(cfg: ModelConfig, tokens, valid, gen_length: int, *,
   if np.any((tokens < 0) | (tokens >= cfg.vocab_size)):
     raise ValueError(f"prompt holds token ids outside the vocabulary [0, {cfg.vocab_size}).")
   if needs_mask:
-    if cfg.mask_token_id is None:
-      raise ValueError(
-          f"model config {cfg.name!r} has no mask_token_id; diffusion decoding needs one "
-          "(set ModelConfig.mask_token_id or load it from the checkpoint).")
-    real = tokens if valid is None else np.where(valid, tokens, -1)
-    if np.any(real == cfg.mask_token_id):
-      raise ValueError(
-          f"a prompt contains the mask id {cfg.mask_token_id}; remove [MASK] tokens from "
-          "prompts (they would be decoded as blanks).")
+    check_mask_free(cfg, tokens, valid)
+
+
+def check_mask_free(cfg: ModelConfig, tokens, valid) -> None:
+  """Raises ValueError unless `cfg` has a mask id and no prompt holds it (`check_prompts`'
+  diffusion part)."""
+  if cfg.mask_token_id is None:
+    raise ValueError(
+        f"model config {cfg.name!r} has no mask_token_id; diffusion decoding needs one "
+        "(set ModelConfig.mask_token_id or load it from the checkpoint).")
+  tokens = np.asarray(tokens)
+  real = tokens if valid is None else np.where(valid, tokens, -1)
+  if np.any(real == cfg.mask_token_id):
+    raise ValueError(
+        f"a prompt contains the mask id {cfg.mask_token_id}; remove [MASK] tokens from "
+        "prompts (they would be decoded as blanks).")
 
 
 def stop_ids(cfg: ModelConfig, *, include_eot: bool = True) -> tuple[int, ...]:
@@ -328,3 +336,14 @@ def make_options(cls, options: dict):
   if unknown:
     raise ValueError(f"Unknown option(s) {unknown} for {cls.__name__}; valid options: {names}.")
   return cls(**options)
+
+
+def _split_method(opts):
+  return opts.split()
+
+
+def checked_options(cls, options: dict, split=None):
+  """(opts, static, traced): `make_options(cls, options)` and its `split` (default: the
+  dataclass's own `split()`), built once per distinct option set (`option_cache`): a
+  batch-1 decode's planning then costs a dict lookup. The traced dict is a fresh copy."""
+  return option_cache.checked(cls, options, make_options, split or _split_method)

@@ -100,7 +100,7 @@ def d2f_options(cfg: ModelConfig, *, gen_length: int = base.GEN_LENGTH,
   opts = D2FOptions(
       block_length=int(block), num_blocks=n, max_active=int(active), rule=rule,
       steps_per_block=int(steps_per_block) if rule == "count" else 0,
-      remasking=remasking, use_cache=bool(use_cache),
+      remasking=remasking, use_cache=base.check_flag("use_cache", use_cache),
       mask_id=cfg.mask_token_id, stop_ids=base.stop_ids(cfg), pad_id=pad, window=window,
       unmasking=unmasking, sampled=bool(temperature > 0),
       batch_invariant=base.check_flag("batch_invariant", batch_invariant))

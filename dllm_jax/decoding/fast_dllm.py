@@ -56,6 +56,7 @@ class FastDLLMOptions:
   TRACED = {"threshold": 1.0, "factor": 1.0, "temperature": 0.0}
 
   def __post_init__(self):
+    object.__setattr__(self, "early_stop", base.check_flag("early_stop", self.early_stop))
     g = self.gen_length
     if not isinstance(g, (int, np.integer)) or g <= 0:
       raise ValueError(f"gen_length must be a positive int, got {g!r}.")

@@ -70,6 +70,7 @@ class LLaDAOptions:
   batch_invariant: bool = False
 
   def __post_init__(self):
+    object.__setattr__(self, "early_stop", base.check_flag("early_stop", self.early_stop))
     g = self.gen_length
     if not isinstance(g, (int, np.integer)) or g <= 0:
       raise ValueError(f"gen_length must be a positive int, got {g!r}.")

@@ -114,7 +114,7 @@ class Decoder:
   @classmethod
   def plan(cls, cfg: ModelConfig, **options) -> Plan:
     """Checks `options` and splits them into the static decoder and the traced options."""
-    static, traced = base.make_options(cls.options, {**cls.defaults, **options}).split()
+    _, static, traced = base.checked_options(cls.options, {**cls.defaults, **options})
     return Plan(cls(cfg, static), traced)
 
   @classmethod

@@ -46,6 +46,7 @@ class SelfSpecOptions:
   early_stop: bool = True
 
   def __post_init__(self):
+    object.__setattr__(self, "early_stop", base.check_flag("early_stop", self.early_stop))
     spec.check_draft_options(self)
 
 
@@ -247,7 +248,7 @@ class SelfSpecDecoder(spec.RoundDecoder):
   @classmethod
   def plan(cls, cfg: ModelConfig, **options) -> protocol.Plan:
     check_model(cfg)
-    static, traced = spec.split_sampling(base.make_options(SelfSpecOptions, options))
+    _, static, traced = base.checked_options(SelfSpecOptions, options, spec.split_sampling)
     return protocol.Plan(cls(cfg, static), {"row_offset": np.int32(0), **traced})
 
   def check(self, tokens, valid) -> None:

@@ -81,6 +81,7 @@ class SpeculativeOptions:
   batch_invariant: bool = False
 
   def __post_init__(self):
+    object.__setattr__(self, "early_stop", base.check_flag("early_stop", self.early_stop))
     check_draft_options(self)
     object.__setattr__(self, "batch_invariant",
                        base.check_flag("batch_invariant", self.batch_invariant))
@@ -530,16 +531,15 @@ class SpeculativeDecoder(DraftedDecoder):
   @classmethod
   def plan(cls, cfg: ModelConfig, *, drafter_params=None, drafter_cfg=None,
            **options) -> protocol.Plan:
-    opts = base.make_options(SpeculativeOptions, options)
+    _, static, traced = base.checked_options(SpeculativeOptions, options, split_sampling)
     check_drafter(cfg, drafter_params, drafter_cfg, cls.name or registry.name_of(cls))
-    static, traced = split_sampling(opts)
     return protocol.Plan(cls(cfg, static, drafter_cfg), {"row_offset": np.int32(0), **traced},
                          drafter_params)
 
   def check(self, tokens, valid) -> None:
     opts, dcfg = self.opts, self.drafter_cfg
     base.check_prompts(self.cfg, tokens, valid, opts.gen_length, needs_mask=False)
-    base.check_prompts(dcfg, tokens, valid, opts.gen_length, needs_mask=opts.drafter != "ar")
+    check_drafter_prompts(dcfg, tokens, valid, opts.gen_length, needs_mask=opts.drafter != "ar")
     check_drafter_capacity(dcfg, opts, _drafter_capacity(np.shape(tokens)[1], opts))
 
   def init(self, params, tokens, valid, rng, traced, row_inputs=None):
@@ -573,6 +573,16 @@ def check_drafter(target_cfg: ModelConfig, drafter_params, drafter_cfg, method: 
                      f"({kinds}, sharing the target's tokenizer; Sampler.load(..., "
                      "drafter_model=<dir>) loads one).")
   check_pair(target_cfg, drafter_cfg)
+
+
+def check_drafter_prompts(dcfg: ModelConfig, tokens, valid, gen_length: int, *,
+                          needs_mask: bool) -> None:
+  """The drafter's prompt checks beyond the target's (`base.check_prompts` ran on the
+  target, and `check_pair` made the two vocabularies equal): its window and, for a diffusion
+  drafter, mask ids."""
+  base.check_window(dcfg, np.shape(tokens)[1], gen_length)
+  if needs_mask:
+    base.check_mask_free(dcfg, tokens, valid)
 
 
 def check_drafter_capacity(dcfg: ModelConfig, opts, capacity: int) -> None:
