@@ -372,7 +372,10 @@ def test_run_cells_interleaves_batches_and_keeps_the_fastest_repeat():
                                examples=examples, prompt_len=4, repeats=2)
   compile_calls, timed = calls[:2], calls[2:]
   assert compile_calls == [("good", 0), ("bad", 0)]
-  assert timed == [(label, b) for b in (0, 2, 4) for label in ("good", "good", "bad", "bad")]
+  # Round-robin by batch, the cells' order rotating each round.
+  order = {0: ("good", "good", "bad", "bad"), 2: ("bad", "bad", "good", "good")}
+  assert timed == [(label, b) for b in (0, 2, 4) for label in order[b % 4]]
+  assert runner.rotated(3, 0) == [0, 1, 2] and runner.rotated(3, 4) == [1, 2, 0]
   assert (good.num_correct, bad.num_correct) == (5, 0)
   assert good.num_prompts == bad.num_prompts == 5 and good.nfe == 9
   assert good.response_tokens == sum(len(str(i + 1)) for i in range(5))

@@ -9,6 +9,8 @@ together, timed so that their ratios survive a shared, noisy machine:
   2. every cell runs its first batch once untimed to compile (reported as `compile_s`);
   3. batches are timed round-robin over the cells (batch 0 of every cell, then batch 1, ...):
      a slow spell of the machine hits every cell alike instead of whichever cell ran then;
+     the order rotates by one cell each round, so no cell is always timed right after the
+     same one (a cell run after a heavy one can start on cold caches);
   4. each batch is decoded `repeats` times in a row and its fastest wall time counts (dispatch
      to the result on the host), which filters out brief interference; the median of the
      repeats is kept too (`wall_median_s`), for a reader who wants the typical time. The decoders are
@@ -53,6 +55,13 @@ class Cell:
 
 def _batches(n: int, batch_size: int) -> list[tuple[int, int]]:
   return [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
+
+
+def rotated(n: int, round_index: int) -> list[int]:
+  """The cell indices in the order round `round_index` times them: 0..n-1 rotated left by
+  the round (round 0: 0, 1, ..., n-1; round 1: 1, ..., n-1, 0; ...)."""
+  first = round_index % n
+  return list(range(first, n)) + list(range(first))
 
 
 def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, prompt_len: int,
@@ -124,7 +133,8 @@ def run_cells(cells: Sequence[Cell], *, layout, suite, examples: Sequence, promp
       continue
     btok, bval, brows, real = batch(start, stop)
     key = jax.random.fold_in(rng, i)
-    for j, (cell, tally) in enumerate(zip(cells, tallies)):
+    for j in rotated(len(cells), i):
+      cell, tally = cells[j], tallies[j]
       walls = []
       for _ in range(repeats):
         t0 = time.perf_counter()
