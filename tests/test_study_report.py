@@ -2,6 +2,7 @@
 schema, the machine and CPU identity, the time line, and the Pareto front and plot."""
 
 import json
+import subprocess
 
 import numpy as np
 import pytest
@@ -89,6 +90,23 @@ def test_cpu_identity_reads_the_first_processor():
   assert bare["cpu_family_model"] is None and bare["cpu_simd"] is None and bare["cpu_model"]
   machine = accounting.machine_info()
   assert set(accounting.cpu_identity()) <= set(machine)
+
+
+def test_code_revision_names_the_commit_and_a_dirty_tree(tmp_path):
+  assert accounting.code_revision(tmp_path) is None  # not a git checkout
+  git = lambda *args: subprocess.run(["git", *args], cwd=tmp_path, check=True,  # noqa: E731
+                                     capture_output=True, text=True).stdout.strip()
+  git("init", "-q")
+  (tmp_path / "a.txt").write_text("one\n")
+  git("add", "a.txt")
+  git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+  head = git("rev-parse", "--short=12", "HEAD")
+  assert accounting.code_revision(tmp_path) == head
+  (tmp_path / "b.txt").write_text("untracked files leave the code as it was\n")
+  assert accounting.code_revision(tmp_path) == head
+  (tmp_path / "a.txt").write_text("two\n")
+  assert accounting.code_revision(tmp_path) == head + "+dirty"
+  assert "code_revision" in accounting.machine_info()
 
 
 def test_time_text_splits_the_wall_time_and_lists_training_records():

@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import subprocess
+from pathlib import Path
 from collections.abc import Sequence
 
 import jax
@@ -190,7 +192,27 @@ def machine_info() -> dict:
       "machine": platform.machine(),
       "processor": platform.processor() or platform.machine(),
       **cpu_identity(),
+      "code_revision": code_revision(),
   }
+
+
+# The checkout whose code produced a report: the repository holding this file.
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def code_revision(repo: str | os.PathLike | None = None) -> str | None:
+  """The git commit of `repo` (default: this checkout), short, with "+dirty" when tracked
+  files differ from it; None outside a git checkout or without git. A report names the code
+  that measured it, so figures from different commits are never pooled unknowingly."""
+  cwd = str(repo or _REPO)
+  try:
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, check=True,
+                          capture_output=True, text=True, timeout=10).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                           check=True, capture_output=True, text=True, timeout=10).stdout
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return head + ("+dirty" if dirty.strip() else "") if head else None
 
 
 CPU_INFO = "/proc/cpuinfo"

@@ -107,6 +107,8 @@ def time_text(doc: dict) -> str:
   where = f"{cpu} ({', '.join(detail)}; {cpus})" if detail else f"{cpu} ({cpus})"
   if m["platform"] != "cpu":
     where += f", decoding on {m['device_count']} x {m['device_kind']}"
+  if m.get("code_revision"):
+    where += f", code at {m['code_revision']}"
   total, train = doc["total_s"], doc["train_or_load_s"]
   lines = [f"Time: {total:.0f} s in all on {where}: {train:.0f} s building the data and "
            f"training or loading the models, {total - train:.0f} s decoding (calibration "
