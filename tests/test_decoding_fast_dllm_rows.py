@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from dllm_jax.decoding import base, fast_dllm
+from dllm_jax.models import masks
 from tests.test_decoding_d2f import CFG, peaked_params
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [20, 21, 22]]
@@ -92,3 +93,45 @@ def test_a_row_samples_the_same_whatever_its_neighbours(params):
     np.testing.assert_array_equal(a.tokens[i], b.tokens[i], err_msg=f"row {i}")
     assert sa.forwards[i] == sb.forwards[i]
   np.testing.assert_array_equal(a.tokens[0], one.tokens[0])
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_a_lone_refreshing_row_forwards_its_canvas_alone(params, cache):
+  """A step where one row starts a block: that row forwards the whole canvas into a fresh
+  cache, the others read their caches (chunk forward), and every row's logits and cache are
+  what its own one-row step gives; the step counts the refresh's T slots on top of the
+  chunk. Rows start blocks apart in a ragged batch, so this is the common refresh step."""
+  opts = fast_dllm.FastDLLMOptions(gen_length=G, block_length=BL, cache=cache, threshold=0.7)
+  static, traced = opts.split()
+  tokens, valid = base.pad_prompts(PROMPTS, CFG.pad_token_id, max(map(len, PROMPTS)))
+  state = fast_dllm.init_state(params, CFG, static, tokens, valid, jax.random.key(0), traced)
+  state = jax.jit(functools.partial(fast_dllm.step, params, CFG, static))(state)  # caches full
+  state = state.replace(fresh=np.array([False, False, True, False]))
+
+  @jax.jit
+  def logits_of(s):
+    live = fast_dllm.live_rows(static, s)
+    return fast_dllm._cached_logits(params, CFG, static, s, live,  # pylint: disable=protected-access
+                                    fast_dllm._block_starts(static, s))  # pylint: disable=protected-access
+  logits, cache_out, width = jax.device_get(logits_of(state))
+  row = lambda x, i, axis=0: jax.tree_util.tree_map(
+      lambda a: a if np.ndim(a) == 0 else np.take(a, [i], axis=axis), x)
+  for i in range(len(PROMPTS)):
+    alone = state.replace(**{f: row(getattr(state, f), i) for f in (
+        "canvas", "valid", "positions", "block", "fresh", "forwards", "block_forwards",
+        "committed", "done", "finite")}, cache=jax.tree_util.tree_map(
+            lambda a: np.take(a, [i], axis=1 if a.ndim == 5 else 0), state.cache))
+    one_logits, one_cache, one_width = jax.device_get(logits_of(alone))
+    np.testing.assert_allclose(logits[i], one_logits[0], rtol=1e-5, atol=1e-5,
+                               err_msg=f"row {i}")
+    np.testing.assert_array_equal(cache_out.block_ids[i], one_cache.block_ids[0])
+    assert cache_out.length[i] == one_cache.length[0]
+    written = one_cache.block_ids[0] != masks.NO_KEY
+    assert written.any()
+    for kv in ("k", "v"):
+      np.testing.assert_allclose(getattr(cache_out, kv)[:, i][:, written],
+                                 getattr(one_cache, kv)[:, 0][:, written], rtol=1e-5, atol=1e-5)
+    if i == 2:
+      assert int(one_width) == tokens.shape[1] + G  # alone, its refresh is the canvas
+  _, _, chunk = jax.device_get(logits_of(state.replace(fresh=np.zeros(4, bool))))
+  assert int(width) == int(chunk) + tokens.shape[1] + G  # every row's chunk, one canvas

@@ -100,7 +100,8 @@ class FastState:
     forwards: [B] int32 forwards in which the row was live (its NFE decoding alone).
     block_forwards: [B, N] int32 of those, the forwards spent in each block (a lockstep
       batch, whose block advances when every row filled it, would run sum_n max_b of them).
-    forward_slots: [] int32 slots the batched forwards carried per row, summed over steps.
+    forward_slots: [] int32 slots the batched forwards carried per row (the most a row
+      carried, when one row refreshes alone), summed over steps.
     committed: [B] int32 tokens committed; done: [B] bool answer final (row_done).
     rng: PRNG key, or [B] keys (one per row); traced: the traced options; finite: [B] bool
       logits always finite.
@@ -249,7 +250,33 @@ def _cached_logits(params, cfg, opts, state: FastState, live: Array, start: Arra
     nearest = jnp.min(jnp.where(live, state.block, opts.num_blocks - 1))
     branches = [chunk_only(g - n * bl + lead) for n in range(opts.num_blocks)]
     cached = lambda s: jax.lax.switch(jnp.minimum(nearest, opts.num_blocks - 1), branches, s)
-  return jax.lax.cond(jnp.any(refresh), with_refresh, cached, state)
+
+  def refresh_one(s):
+    # One row starts a block: it alone forwards the whole canvas (into a fresh one-row cache:
+    # a refresh forgets the old one), and every row runs the cached chunk forward, whose
+    # logits and (unwritten) cache the refreshing row's replace. A batch whose rows start
+    # blocks at different steps so pays a row's refresh once, not once per batch row.
+    logits, cache, width = cached(s)
+    r = jnp.argmax(refresh)
+    one = lambda x: jax.lax.dynamic_slice_in_dim(x, r, 1, axis=0)
+    hidden, fresh = model.apply(
+        {"params": params}, one(s.canvas), block_ids=jnp.zeros((1, t), jnp.int32),
+        positions=one(s.positions), valid=one(s.valid),
+        cache=kv_cache.init_cache(cfg, 1, t, s.cache.k.dtype), write_len=jnp.full((1,), t),
+        head=False)
+    fresh = _after_refresh(opts, fresh, jnp.ones((1,), bool), one(first), lead)
+    put = lambda whole, row, axis: jax.lax.dynamic_update_slice_in_dim(whole, row, r, axis)
+    cache = kv_cache.KVCache(k=put(cache.k, fresh.k, 1), v=put(cache.v, fresh.v, 1),
+                             block_ids=put(cache.block_ids, fresh.block_ids, 0),
+                             length=put(cache.length, fresh.length, 0))
+    row_logits = _project(params, cfg, opts, hidden, one(first))
+    return put(logits, row_logits.astype(logits.dtype), 0), cache, width + t
+
+  count = jnp.sum(refresh, dtype=jnp.int32)
+  if state.canvas.shape[0] == 1:  # one row: refreshing is the whole-batch refresh
+    return jax.lax.cond(count > 0, with_refresh, cached, state)
+  branch = jnp.where(count == 0, 0, jnp.where(count == 1, 1, 2))
+  return jax.lax.switch(branch, [cached, refresh_one, with_refresh], state)
 
 
 def step(params, cfg: ModelConfig, opts: FastDLLMOptions, state: FastState) -> FastState:
